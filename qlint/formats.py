@@ -1,0 +1,434 @@
+"""Output formats for ``--output-format`` (alias ``--format``).
+
+* ``full``: the rich report (``qlint.render``, written by the core);
+* ``concise``: one line per finding, ``file:line: CODE message``;
+* ``json``: ``Report.to_dict()``, the documented schema;
+* ``sarif``: SARIF 2.1.0 as GitHub code scanning accepts it;
+* ``github``: GitHub Actions workflow-command annotations;
+* ``markdown``: a pull-request comment summary.
+
+``--statistics`` replaces the findings by a count per rule, like ruff.
+:func:`render` returns text for every format but ``full``; :func:`write_output`
+writes any format to a stream or a file. Nothing here imports torch.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import os
+import sys
+from collections import Counter
+from pathlib import Path
+from typing import IO, Any, Optional
+
+from qlint import __version__
+from qlint.report import Finding, ModelReport, Report, Source
+
+FORMATS = ("full", "concise", "json", "sarif", "github", "markdown")
+
+
+def _information_uri() -> str:
+    """The project's home page from the installed metadata, else its PyPI page."""
+    try:
+        from importlib.metadata import metadata
+
+        meta = metadata("qlint")
+        for entry in meta.get_all("Project-URL") or []:
+            label, _, url = entry.partition(",")
+            if label.strip().lower() in ("homepage", "home", "source", "repository") and url.strip():
+                return url.strip()
+        if meta.get("Home-page"):
+            return str(meta["Home-page"])
+    except Exception:  # noqa: BLE001  (not installed: fall back)
+        pass
+    return "https://pypi.org/project/qlint/"
+
+SARIF_SCHEMA = "https://json.schemastore.org/sarif-2.1.0.json"
+SARIF_LEVEL = {"error": "error", "warning": "warning", "info": "note"}
+GITHUB_LEVEL = {"error": "error", "warning": "warning", "info": "notice"}
+
+
+# ---------------------------------------------------------------------------
+# helpers
+# ---------------------------------------------------------------------------
+
+
+def format_q(q: Optional[float]) -> str:
+    """3.0 -> '3', 0.5 -> '0.5', inf -> '∞', None -> '?'."""
+    if q is None:
+        return "?"
+    if math.isinf(q):
+        return "∞"
+    if float(q).is_integer():
+        return str(int(q))
+    return f"{q:g}"
+
+
+def git_root(start: Optional[Path] = None) -> Path:
+    """The enclosing git work tree's root, else ``start`` (the cwd)."""
+    start = (start or Path.cwd()).resolve()
+    for folder in (start, *start.parents):
+        if (folder / ".git").exists():
+            return folder
+    return start
+
+
+def _relative(file: str, root: Path) -> Optional[str]:
+    """``file`` relative to ``root`` with forward slashes; None if outside it."""
+    path = Path(file)
+    if not path.is_absolute():
+        path = Path.cwd() / path
+    path = Path(os.path.normpath(path))
+    try:
+        rel = os.path.relpath(path, root)
+    except ValueError:
+        return None
+    if rel.startswith(".."):
+        return None
+    return rel.replace(os.sep, "/")
+
+
+def display_path(file: str) -> str:
+    """A path as shown to people: relative to the cwd when inside it."""
+    return _relative(file, Path.cwd().resolve()) or file
+
+
+def _rules() -> dict[str, Any]:
+    from qlint.rules.checks import load_all
+
+    return load_all()
+
+
+def _sorted_findings(report: Report) -> list[tuple[ModelReport, Finding]]:
+    return [(m, f) for m in report.models for f in m.findings]
+
+
+def _plural(n: int, word: str) -> str:
+    return f"{n} {word}{'' if n == 1 else 's'}"
+
+
+def summary_line(report: Report) -> str:
+    """``Found 2 findings (1 error, 1 warning).`` or ``All checks passed!``"""
+    findings = report.findings
+    if not findings:
+        return "All checks passed!"
+    parts = [
+        _plural(report.count(sev), sev)
+        for sev in ("error", "warning", "info")
+        if report.count(sev)
+    ]
+    return f"Found {_plural(len(findings), 'finding')} ({', '.join(parts)})."
+
+
+# ---------------------------------------------------------------------------
+# statistics
+# ---------------------------------------------------------------------------
+
+
+def statistics(report: Report) -> list[dict[str, Any]]:
+    """Count per rule code, most frequent first (ties by code)."""
+    rules = _rules()
+    counts = Counter(f.code for f in report.findings)
+    return [
+        {
+            "code": code,
+            "name": rules[code].name if code in rules else "",
+            "severity": rules[code].severity if code in rules else "",
+            "count": count,
+        }
+        for code, count in sorted(counts.items(), key=lambda item: (-item[1], item[0]))
+    ]
+
+
+def render_statistics(report: Report, fmt: str = "full") -> str:
+    rows = statistics(report)
+    if fmt == "json":
+        return json.dumps(rows, indent=2) + "\n"
+    if not rows:
+        return ""
+    width = max(len(str(r["count"])) for r in rows)
+    code_width = max(len(r["code"]) for r in rows)
+    lines = [f"{r['count']:>{width}}\t{r['code']:<{code_width}}\t{r['name']}".rstrip() for r in rows]
+    return "\n".join(lines) + "\n"
+
+
+# ---------------------------------------------------------------------------
+# concise
+# ---------------------------------------------------------------------------
+
+
+def _where(model: ModelReport, finding: Finding) -> str:
+    if finding.source is not None:
+        return f"{display_path(finding.source.file)}:{finding.source.line}"
+    return model.spec
+
+
+def render_concise(report: Report) -> str:
+    lines = [f"{_where(m, f)}: {f.code} {_one_line(f.message)}" for m, f in _sorted_findings(report)]
+    lines.append(summary_line(report))
+    return "\n".join(lines) + "\n"
+
+
+# ---------------------------------------------------------------------------
+# github
+# ---------------------------------------------------------------------------
+
+
+def escape_data(value: str) -> str:
+    """Escape a workflow command's message (as @actions/core does)."""
+    return value.replace("%", "%25").replace("\r", "%0D").replace("\n", "%0A")
+
+
+def escape_property(value: str) -> str:
+    """Escape a workflow command's property value."""
+    return escape_data(value).replace(":", "%3A").replace(",", "%2C")
+
+
+def render_github(report: Report) -> str:
+    root = git_root()
+    lines = []
+    for model, finding in _sorted_findings(report):
+        props = []
+        message = finding.message
+        if finding.source is not None:
+            file = _relative(finding.source.file, root) or finding.source.file
+            props += [f"file={escape_property(file)}", f"line={max(1, finding.source.line)}"]
+        else:
+            message = f"{model.spec}: {message}"
+        props.append(f"title={escape_property(finding.code)}")
+        level = GITHUB_LEVEL.get(finding.severity, "error")
+        lines.append(f"::{level} {','.join(props)}::{escape_data(message)}")
+    return "\n".join(lines) + ("\n" if lines else "")
+
+
+# ---------------------------------------------------------------------------
+# markdown
+# ---------------------------------------------------------------------------
+
+
+def _md(text: Any) -> str:
+    """A Markdown table cell: pipes escaped, newlines as <br>."""
+    return str(text).replace("\\", "\\\\").replace("|", "\\|").replace("\r", "").replace("\n", "<br>")
+
+
+VERDICT_ICON = {"certified": "✅", "supercritical": "❌", "uncertified": "⚠️"}
+
+
+def render_markdown(report: Report) -> str:
+    out = ["## qlint report", ""]
+    if not report.models:
+        out += ["No models were checked.", ""]
+        return "\n".join(out)
+    out += ["| Model | Verdict | max q | Blocks | Findings |", "| --- | --- | ---: | ---: | --- |"]
+    for model in report.models:
+        counts = Counter(f.severity for f in model.findings)
+        found = ", ".join(_plural(counts[s], s) for s in ("error", "warning", "info") if counts[s]) or "none"
+        max_q = model.max_q
+        if max_q is None and model.blocks:
+            max_q_text = "?"
+        elif not model.blocks:
+            max_q_text = "–"
+        else:
+            max_q_text = format_q(max_q)
+        icon = VERDICT_ICON.get(model.verdict, "")
+        out.append(
+            f"| `{_md(model.spec)}` | {icon} {model.verdict} | {max_q_text} | {len(model.blocks)} | {found} |"
+        )
+    out.append("")
+    rows = _sorted_findings(report)
+    if rows:
+        out += [
+            "### Findings",
+            "",
+            "| Code | Severity | Model | Block | Location | Message |",
+            "| --- | --- | --- | --- | --- | --- |",
+        ]
+        for model, f in rows:
+            location = f"`{_md(display_path(f.source.file))}:{f.source.line}`" if f.source else ""
+            block = f"`{_md(f.block)}`" if f.block else ""
+            out.append(
+                f"| {f.code} | {f.severity} | `{_md(model.spec)}` | {block} | {location} | {_md(f.message)} |"
+            )
+        out.append("")
+    out += [f"**{summary_line(report)}**", ""]
+    return "\n".join(out)
+
+
+# ---------------------------------------------------------------------------
+# SARIF
+# ---------------------------------------------------------------------------
+
+
+def _one_line(text: str) -> str:
+    return " ".join(text.split())
+
+
+def _rule_descriptor(rule: Any) -> dict[str, Any]:
+    summary = _one_line(rule.summary)
+    return {
+        "id": rule.code,
+        "name": rule.name,
+        "shortDescription": {"text": summary.split(". ")[0].rstrip(".") + "."},
+        "fullDescription": {"text": f"{summary} {_one_line(rule.rationale)}"},
+        "help": {
+            "text": f"{summary}\n\nRemedy: {_one_line(rule.remedy)}",
+            "markdown": rule.doc(),
+        },
+        "defaultConfiguration": {"level": SARIF_LEVEL.get(rule.severity, "warning")},
+        "properties": {"tags": ["qlint", rule.severity]},
+    }
+
+
+def _fallback_file(spec: str) -> Optional[str]:
+    """The file a model spec names, for findings without a source line."""
+    from qlint.config import is_path_spec, split_spec
+
+    target, _ = split_spec(spec)
+    if is_path_spec(target):
+        return target
+    try:
+        import importlib.util
+
+        found = importlib.util.find_spec(target)
+    except Exception:  # noqa: BLE001  (a broken package must not break the report)
+        return None
+    return found.origin if found is not None and found.origin not in (None, "built-in", "frozen") else None
+
+
+def _physical_location(file: str, line: int, root: Path) -> dict[str, Any]:
+    rel = _relative(file, root)
+    if rel is not None:
+        artifact = {"uri": rel, "uriBaseId": "%SRCROOT%"}
+    else:
+        artifact = {"uri": Path(file).resolve().as_uri()}
+    return {"physicalLocation": {"artifactLocation": artifact, "region": {"startLine": max(1, int(line))}}}
+
+
+def to_sarif(report: Report, root: Optional[Path] = None) -> dict[str, Any]:
+    """The report as a SARIF 2.1.0 log (one run) for GitHub code scanning."""
+    from qlint.baseline import finding_key
+
+    root = (root or git_root()).resolve()
+    catalogue = _rules()
+    codes = sorted(set(catalogue) | {f.code for f in report.findings})
+    rules = []
+    for code in codes:
+        if code in catalogue:
+            rules.append(_rule_descriptor(catalogue[code]))
+        else:  # a finding from a rule outside the catalogue: describe it minimally
+            rules.append({"id": code, "shortDescription": {"text": code}, "defaultConfiguration": {"level": "warning"}})
+    index = {code: i for i, code in enumerate(codes)}
+
+    results = []
+    seen: Counter[str] = Counter()
+    for model, finding in _sorted_findings(report):
+        key = finding_key(model.spec, finding, root)
+        digest = hashlib.sha256("\0".join(key).encode("utf-8")).hexdigest()[:32]
+        seen[digest] += 1
+        result: dict[str, Any] = {
+            "ruleId": finding.code,
+            "ruleIndex": index[finding.code],
+            "level": SARIF_LEVEL.get(finding.severity, "warning"),
+            "message": {"text": finding.message or finding.code},
+            "partialFingerprints": {"qlintFindingHash/v1": f"{digest}:{seen[digest]}"},
+            "properties": {
+                k: v
+                for k, v in (("model", key[0]), ("block", finding.block), ("severity", finding.severity))
+                if v is not None
+            },
+        }
+        source: Optional[Source] = finding.source
+        if source is not None:
+            result["locations"] = [_physical_location(source.file, source.line, root)]
+        else:
+            file = _fallback_file(model.spec)
+            if file is not None:
+                result["locations"] = [_physical_location(file, 1, root)]
+        results.append(result)
+
+    return {
+        "$schema": SARIF_SCHEMA,
+        "version": "2.1.0",
+        "runs": [
+            {
+                "tool": {
+                    "driver": {
+                        "name": "qlint",
+                        "version": __version__,
+                        "semanticVersion": __version__,
+                        "informationUri": _information_uri(),
+                        "rules": rules,
+                    }
+                },
+                "originalUriBaseIds": {"%SRCROOT%": {"uri": root.as_uri() + "/"}},
+                "results": results,
+                "columnKind": "unicodeCodePoints",
+            }
+        ],
+    }
+
+
+def render_sarif(report: Report) -> str:
+    return json.dumps(to_sarif(report), indent=2, ensure_ascii=False) + "\n"
+
+
+# ---------------------------------------------------------------------------
+# entry points
+# ---------------------------------------------------------------------------
+
+
+def render(report: Report, fmt: str, *, statistics: bool = False) -> str:
+    """The report as text in a non-``full`` format (``statistics``: counts per code)."""
+    if fmt not in FORMATS:
+        raise ValueError(f"unknown output format {fmt!r} (expected one of: {', '.join(FORMATS)})")
+    if statistics:
+        return render_statistics(report, fmt)
+    if fmt == "json":
+        return json.dumps(report.to_dict(), indent=2, ensure_ascii=False) + "\n"
+    if fmt == "concise":
+        return render_concise(report)
+    if fmt == "sarif":
+        return render_sarif(report)
+    if fmt == "github":
+        return render_github(report)
+    if fmt == "markdown":
+        return render_markdown(report)
+    raise ValueError("the 'full' format is rendered by qlint.render (use write_output)")
+
+
+def _render_full(report: Report, stream: IO[str], *, color: Optional[bool], **options: Any) -> None:
+    from rich.console import Console
+
+    from qlint import render as full  # the core's rich renderer
+
+    console = Console(file=stream, force_terminal=color, no_color=color is False, soft_wrap=True)
+    renderer = getattr(full, "print_report", None) or getattr(full, "render_report", None)
+    if renderer is None:
+        raise RuntimeError("qlint.render has no print_report(report, console)")
+    renderer(report, console=console, **options)
+
+
+def write_output(
+    report: Report,
+    fmt: str = "full",
+    *,
+    output_file: str | os.PathLike[str] | None = None,
+    statistics: bool = False,
+    stream: Optional[IO[str]] = None,
+    color: Optional[bool] = None,
+    **full_options: Any,
+) -> None:
+    """Write the report in ``fmt`` to ``output_file`` (created/overwritten) or ``stream``
+    (stdout). ``full_options`` go to the rich renderer (e.g. ``traceback``)."""
+    if output_file is not None:
+        with open(output_file, "w", encoding="utf-8", newline="\n") as handle:
+            write_output(report, fmt, statistics=statistics, stream=handle, color=False, **full_options)
+        return
+    stream = stream if stream is not None else sys.stdout
+    if fmt == "full" and not statistics:
+        _render_full(report, stream, color=color, **full_options)
+    else:
+        stream.write(render(report, fmt, statistics=statistics))
+    stream.flush()
