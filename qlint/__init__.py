@@ -1,0 +1,35 @@
+"""qlint: a static architecture linter for the sublinear-growth principle.
+
+Every residual block X_{k+1} = X_k + v(X_k) of a PyTorch model is certified when
+its velocity grows at most linearly, ||v(x)|| <= c*||x||**q + b with q <= 1.
+
+The public API is imported lazily so that ``qlint --help`` does not import torch.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+__version__ = "0.1.0"
+
+__all__ = ["__version__", "analyze", "check", "register", "remedy", "probe"]
+
+_LAZY = {
+    "analyze": "qlint.analysis",
+    "check": "qlint.analysis",
+    "register": "qlint.rules.primitives",
+    "remedy": "qlint.remedies",
+    "probe": "qlint.probe",
+}
+
+if TYPE_CHECKING:  # pragma: no cover
+    from qlint.analysis import analyze, check
+    from qlint.rules.primitives import register
+
+
+def __getattr__(name: str) -> Any:
+    if name in _LAZY:
+        import importlib
+
+        return getattr(importlib.import_module(_LAZY[name]), name)
+    raise AttributeError(f"module 'qlint' has no attribute {name!r}")

@@ -1,0 +1,71 @@
+"""The ``qlint`` command: a thin click layer over the Python API.
+
+Subcommands live in ``qlint.commands.<name>`` and are imported only when invoked,
+so ``qlint --help`` never imports torch. ``qlint SPEC ...`` means ``qlint check SPEC ...``.
+"""
+
+from __future__ import annotations
+
+import importlib
+
+import click
+
+from qlint import __version__
+
+# name -> (module in qlint.commands, one-line help shown by ``qlint --help``)
+SUBCOMMANDS: dict[str, tuple[str, str]] = {
+    "check": ("check", "Trace models and certify every residual block (default)."),
+    "explain": ("explain", "Print a rule's documentation, e.g. `qlint explain QL101`."),
+    "rules": ("rules", "Print the primitive catalogue (Table 1 and beyond)."),
+    "coverage": ("coverage", "List the ops a model uses and whether the registry knows them."),
+    "probe": ("probe", "Measure each block's growth exponent and the stability bounds."),
+    "verify": ("verify", "Reproduce the reference experiments (training blow-ups vs q)."),
+}
+
+
+class QlintGroup(click.Group):
+    """A group whose subcommands load lazily and whose default subcommand is ``check``."""
+
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        return list(SUBCOMMANDS)
+
+    def get_command(self, ctx: click.Context, name: str) -> click.Command | None:
+        if name not in SUBCOMMANDS:
+            return None
+        module_name, _ = SUBCOMMANDS[name]
+        try:
+            module = importlib.import_module(f"qlint.commands.{module_name}")
+        except ModuleNotFoundError as exc:
+            if exc.name == f"qlint.commands.{module_name}":
+                return None
+            raise
+        return module.command
+
+    def resolve_command(self, ctx: click.Context, args: list[str]):
+        if args and args[0] not in SUBCOMMANDS and not args[0].startswith("-"):
+            args = ["check", *args]
+        return super().resolve_command(ctx, args)
+
+    def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
+        # A bare `qlint` (or `qlint --format json`) checks the models in [tool.qlint].
+        if not args or (args[0].startswith("-") and args[0] not in ("--help", "-h", "--version")):
+            args = ["check", *args]
+        return super().parse_args(ctx, args)
+
+    def format_commands(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
+        with formatter.section("Commands"):
+            formatter.write_dl([(name, text) for name, (_, text) in SUBCOMMANDS.items()])
+
+
+@click.group(cls=QlintGroup, context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(__version__, prog_name="qlint")
+def main() -> None:
+    """qlint certifies that every residual block of a PyTorch model grows at most
+    linearly in its input (q <= 1), the sublinear-growth principle.
+
+    \b
+    Examples:
+      qlint fixtures/mamba.py:native            # q = 5, with its derivation
+      qlint check mypkg.model:build_model --format json
+      qlint explain QL101
+    """

@@ -1,0 +1,32 @@
+"""``qlint rules``: the primitive catalogue (Table 1 and beyond) as a table."""
+
+from __future__ import annotations
+
+import json
+
+import click
+
+
+@click.command("rules")
+@click.option("--json", "as_json", is_flag=True, help="Print the catalogue as JSON.")
+@click.option("--table1", is_flag=True, help="Only the rows of the paper's Table 1.")
+def command(as_json: bool, table1: bool) -> None:
+    """Print every primitive qlint knows: its exponent q, coefficient and why it holds."""
+    from qlint.rules.primitives import load
+
+    primitives = [p for p in load().primitives if p.table1 or not table1]
+    if as_json:
+        rows = [{"primitive": p.name, "q": p.q, "coefficient": p.coefficient, "table1": p.table1, "why": p.why, "targets": list(p.targets)} for p in primitives]
+        click.echo(json.dumps(rows, indent=2))
+        return
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(title="qlint primitive catalogue (★ = row of Table 1, paper 000)", show_lines=True)
+    table.add_column("primitive", style="bold")
+    table.add_column("q", justify="center")
+    table.add_column("coefficient c")
+    table.add_column("justification")
+    for p in primitives:
+        table.add_row(("★ " if p.table1 else "") + p.name, p.q, p.coefficient, p.why)
+    Console().print(table)

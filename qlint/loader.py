@@ -1,0 +1,131 @@
+"""Resolve a model SPEC (``path/model.py:build_model`` or ``pkg.module:attr``).
+
+Follows the uvicorn / Flask conventions: a ``.py`` path is imported with its folder
+on sys.path; a dotted module is imported as is. The attribute is an nn.Module or a
+zero-argument factory returning ``model`` or ``(model, example_inputs)``. An
+ImportError raised inside the user's module is reported as such, not as a missing
+module.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Optional, Sequence
+
+DTYPES = ("float32", "float64", "float16", "bfloat16", "int64", "int32")
+
+
+class LoadError(Exception):
+    """The spec could not be turned into a model; the message is one line."""
+
+
+@dataclass
+class LoadedModel:
+    model: Any  # torch.nn.Module
+    inputs: Optional[tuple]
+    spec: str
+
+
+def split_spec(spec: str) -> tuple[str, str]:
+    """'a/b.py:build' -> ('a/b.py', 'build'); the attribute defaults to build_model."""
+    location, sep, attribute = spec.rpartition(":")
+    if not sep or (len(location) == 1 and location.isalpha()):  # no colon, or a Windows drive
+        return spec, "build_model"
+    if not attribute.isidentifier() and not all(part.isidentifier() for part in attribute.split(".")):
+        raise LoadError(f"invalid attribute {attribute!r} in {spec!r}; expected MODULE:ATTRIBUTE")
+    return location, attribute
+
+
+def import_target(location: str) -> Any:
+    """Import a .py file (its folder on sys.path) or a dotted module name."""
+    if location.endswith(".py") or "/" in location or "\\" in location:
+        path = Path(location)
+        if not path.is_file():
+            raise LoadError(f"no such file: {location}")
+        folder = str(path.resolve().parent)
+        if folder not in sys.path:
+            sys.path.insert(0, folder)
+        name = f"qlint_user_{path.stem}_{abs(hash(str(path.resolve()))) % 10**8}"
+        if name in sys.modules:
+            return sys.modules[name]
+        spec = importlib.util.spec_from_file_location(name, path)
+        assert spec is not None and spec.loader is not None
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[name] = module
+        try:
+            spec.loader.exec_module(module)
+        except ImportError as exc:
+            del sys.modules[name]
+            raise LoadError(f"{location}: import failed inside the module: {exc}") from exc
+        except Exception as exc:
+            del sys.modules[name]
+            raise LoadError(f"{location}: {type(exc).__name__} while importing: {exc}") from exc
+        return module
+    if "." not in sys.path and "" not in sys.path:
+        sys.path.insert(0, ".")
+    try:
+        return importlib.import_module(location)
+    except ModuleNotFoundError as exc:
+        if exc.name and (location == exc.name or location.startswith(exc.name + ".")):
+            raise LoadError(f"module not found: {location}") from exc
+        raise LoadError(f"{location}: import failed inside the module: {exc}") from exc
+    except Exception as exc:
+        raise LoadError(f"{location}: {type(exc).__name__} while importing: {exc}") from exc
+
+
+def load(spec: str) -> LoadedModel:
+    """The model (and its example inputs if the factory gives them) for a spec."""
+    import torch
+
+    location, attribute = split_spec(spec)
+    target: Any = import_target(location)
+    for part in attribute.split("."):
+        if not hasattr(target, part):
+            raise LoadError(f"{location} has no attribute {attribute!r}")
+        target = getattr(target, part)
+    if isinstance(target, torch.nn.Module):
+        return LoadedModel(target, None, spec)
+    if not callable(target):
+        raise LoadError(f"{spec} is neither an nn.Module nor a factory")
+    try:
+        built = target()
+    except Exception as exc:
+        raise LoadError(f"{spec}: the factory raised {type(exc).__name__}: {exc}") from exc
+    model, inputs = (built if isinstance(built, tuple) and len(built) == 2 else (built, None))
+    if not isinstance(model, torch.nn.Module):
+        raise LoadError(f"{spec} returned {type(model).__name__}, expected an nn.Module or (model, example_inputs)")
+    if inputs is not None:
+        inputs = tuple(inputs) if isinstance(inputs, (tuple, list)) else (inputs,)
+    return LoadedModel(model, inputs, spec)
+
+
+def parse_shape(text: str) -> tuple[int, ...]:
+    """'2,96,7' -> (2, 96, 7)."""
+    try:
+        shape = tuple(int(part) for part in text.replace("x", ",").split(",") if part.strip())
+    except ValueError:
+        raise LoadError(f"invalid --input-shape {text!r}; expected comma-separated integers like 2,96,7") from None
+    if not shape or any(d <= 0 for d in shape):
+        raise LoadError(f"invalid --input-shape {text!r}; dimensions must be positive")
+    return shape
+
+
+def make_inputs(shapes: Sequence[str], dtype: str = "float32", device: str = "cpu") -> tuple:
+    """Example inputs from --input-shape/--input-dtype: random normal or small integers."""
+    import torch
+
+    if dtype not in DTYPES:
+        raise LoadError(f"invalid --input-dtype {dtype!r}; choose one of {', '.join(DTYPES)}")
+    torch_dtype = getattr(torch, dtype)
+    tensors = []
+    for text in shapes:
+        shape = parse_shape(text)
+        if torch_dtype.is_floating_point:
+            tensors.append(torch.randn(shape, dtype=torch_dtype, device=device))
+        else:
+            tensors.append(torch.randint(0, 2, shape, dtype=torch_dtype, device=device))
+    return tuple(tensors)

@@ -1,0 +1,118 @@
+"""The rich terminal report (``--output-format full``, the default)."""
+
+from __future__ import annotations
+
+import linecache
+from typing import Optional
+
+from rich.console import Console, Group
+from rich.table import Table
+from rich.text import Text
+
+from qlint.algebra import format_q
+from qlint.report import Block, DerivationStep, ModelReport, Report
+
+STATUS_STYLE = {"ok": "green", "supercritical": "bold red", "uncertified": "bold yellow"}
+SEVERITY_STYLE = {"error": "bold red", "warning": "yellow", "info": "cyan"}
+
+
+def source_text(step_source) -> str:
+    """The user's line of code at a source location, stripped."""
+    if step_source is None:
+        return ""
+    return linecache.getline(step_source.file, step_source.line).strip()
+
+
+def block_table(model: ModelReport) -> Table:
+    table = Table(title=f"{model.spec}  [dim](tracer: {model.tracer}, mode: {model.mode})[/dim]", title_justify="left", expand=False)
+    table.add_column("block")
+    table.add_column("q", justify="right")
+    table.add_column("status")
+    table.add_column("dominant primitive")
+    table.add_column("source", style="dim")
+    for block in model.blocks:
+        status = block.status if block.form == "additive" else f"{block.status} ({block.form})"
+        table.add_row(
+            block.name,
+            format_q(block.q),
+            Text(status, style=STATUS_STYLE[block.status]),
+            block.dominant,
+            str(block.source or ""),
+        )
+    return table
+
+
+def derivation_text(block: Block) -> Text:
+    """How the exponent accumulated, one line per step, like the paper's accounting."""
+    text = Text()
+    text.append(f"derivation of {block.name} (q = {format_q(block.q)}):\n", style="bold")
+    for i, step in enumerate(block.derivation):
+        arrow = "  " if i == 0 else "→ "
+        text.append(f"  {arrow}q = {format_q(step.q):>3}  ", style="bold")
+        text.append(f"{step.primitive}", style="magenta")
+        if step.why and i:
+            text.append(f"  ({step.why})", style="dim")
+        text.append("\n")
+        code = source_text(step.source)
+        if step.source:
+            text.append(f"         {step.source}", style="dim")
+            text.append(f"  {code}\n" if code else "\n")
+    return text
+
+
+def _signature(block: Block) -> tuple:
+    return (block.q, tuple((s.primitive, s.q, str(s.source)) for s in block.derivation[1:]))
+
+
+def model_renderable(model: ModelReport, *, show_all_derivations: bool = False) -> Group:
+    parts: list = [block_table(model)]
+    if not model.blocks:
+        parts.append(Text("no residual blocks found: nothing to certify", style="yellow"))
+    shown: dict[tuple, str] = {}
+    for block in model.blocks:
+        if not (show_all_derivations or block.status != "ok") or not block.derivation:
+            continue
+        signature = _signature(block)
+        if signature in shown:
+            parts.append(Text(f"derivation of {block.name}: same as {shown[signature]}\n", style="dim"))
+            continue
+        shown[signature] = block.name
+        parts.append(derivation_text(block))
+    for finding in model.findings:
+        line = Text()
+        line.append(f"{finding.source or model.spec}: ", style="bold")
+        line.append(f"{finding.code} ", style=SEVERITY_STYLE[finding.severity])
+        line.append(finding.message)
+        parts.append(line)
+    summary = model.verdict
+    q = "?" if model.max_q is None and any(b.q is None for b in model.blocks) else format_q(model.max_q)
+    share = f", share of q = 1 blocks {model.share_q1:.0%}" if model.share_q1 is not None else ""
+    parts.append(
+        Text(f"{model.spec}: {summary}, max q = {q} over {len(model.blocks)} blocks{share}\n", style=STATUS_STYLE.get(_status_of(summary), ""))
+    )
+    return Group(*parts)
+
+
+def _status_of(verdict: str) -> str:
+    return {"certified": "ok"}.get(verdict, verdict)
+
+
+def print_report(report: Report, console: Optional[Console] = None, *, show_all_derivations: bool = False) -> None:
+    console = console or Console()
+    for model in report.models:
+        console.print(model_renderable(model, show_all_derivations=show_all_derivations))
+    errors, warnings, infos = report.count("error"), report.count("warning"), report.count("info")
+    if errors or warnings:
+        console.print(Text(f"Found {errors} error(s), {warnings} warning(s), {infos} info.", style="bold red" if errors else "yellow"))
+    else:
+        console.print(Text(f"All checks passed ({infos} info).", style="bold green"))
+
+
+def render_full(report: Report, *, show_all_derivations: bool = False, width: int = 120) -> str:
+    """The full report as plain text (for files and tests)."""
+    console = Console(record=True, width=width, file=open("/dev/null", "w"), color_system=None)
+    print_report(report, console, show_all_derivations=show_all_derivations)
+    return console.export_text()
+
+
+__all__ = ["DerivationStep", "print_report", "render_full", "derivation_text", "block_table"]

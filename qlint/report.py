@@ -1,0 +1,195 @@
+"""The result of an analysis: plain dataclasses that serialise to the JSON schema.
+
+Everything a formatter, a baseline or a user's test needs is here; nothing here
+knows about torch, so the report can be built, compared and printed cheaply.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any, Literal, Optional
+
+from qlint import __version__
+from qlint.algebra import Exponent
+
+Severity = Literal["error", "warning", "info"]
+BlockStatus = Literal["ok", "supercritical", "uncertified"]
+Verdict = Literal["certified", "supercritical", "uncertified"]
+SEVERITY_RANK = {"info": 0, "warning": 1, "error": 2}
+
+
+@dataclass(frozen=True)
+class Source:
+    """A place in the user's code: the file and line a node was created from."""
+
+    file: str
+    line: int
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"file": self.file, "line": self.line}
+
+    def __str__(self) -> str:
+        return f"{self.file}:{self.line}"
+
+
+def _json_q(q: Exponent) -> Optional[float]:
+    """JSON has no infinity: a non-polynomial or unknown exponent is null."""
+    if q is None or math.isinf(q):
+        return None
+    return q
+
+
+@dataclass
+class DerivationStep:
+    """One node along which a block's exponent accumulated."""
+
+    node: str
+    primitive: str
+    q: Exponent
+    source: Optional[Source] = None
+    why: str = ""
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "node": self.node,
+            "primitive": self.primitive,
+            "q": _json_q(self.q),
+            "source": self.source.to_dict() if self.source else None,
+            "why": self.why,
+        }
+
+
+@dataclass
+class Block:
+    """One residual update X_{k+1} = X_k + v(X_k) and the exponent of v."""
+
+    name: str
+    index: int
+    q: Exponent
+    status: BlockStatus
+    derivation: list[DerivationStep]
+    dominant: str = ""
+    source: Optional[Source] = None
+    form: Literal["additive", "post-norm", "post-activation"] = "additive"
+    unknown_ops: list[str] = field(default_factory=list)
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    def to_dict(self) -> dict[str, Any]:
+        data = {
+            "name": self.name,
+            "index": self.index,
+            "q": _json_q(self.q),
+            "status": self.status,
+            "dominant": self.dominant,
+            "form": self.form,
+            "source": self.source.to_dict() if self.source else None,
+            "derivation": [step.to_dict() for step in self.derivation],
+        }
+        if self.unknown_ops:
+            data["unknown_ops"] = list(self.unknown_ops)
+        data.update(self.extra)
+        return data
+
+
+@dataclass
+class Finding:
+    """A rule violation, ruff-style: a code, a severity and a message about a place."""
+
+    code: str
+    severity: Severity
+    message: str
+    block: Optional[str] = None
+    source: Optional[Source] = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "code": self.code,
+            "severity": self.severity,
+            "message": self.message,
+            "block": self.block,
+            "source": self.source.to_dict() if self.source else None,
+        }
+
+
+@dataclass
+class ModelReport:
+    """Everything qlint found about one model."""
+
+    spec: str
+    tracer: str
+    mode: Literal["train", "eval"]
+    blocks: list[Block]
+    findings: list[Finding] = field(default_factory=list)
+    threshold: float = 1.0
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def max_q(self) -> Exponent:
+        """max_k q_k over the blocks (None when some block is not known)."""
+        if not self.blocks or any(b.q is None for b in self.blocks):
+            return None
+        return max(b.q for b in self.blocks)  # type: ignore[type-var]
+
+    @property
+    def share_q1(self) -> Optional[float]:
+        """|S_1| / D: the share of blocks at exactly q = 1 (paper Section 4.2)."""
+        if not self.blocks:
+            return None
+        return sum(1 for b in self.blocks if b.q == 1) / len(self.blocks)
+
+    @property
+    def verdict(self) -> Verdict:
+        if any(b.status == "uncertified" for b in self.blocks):
+            return "uncertified"
+        if any(b.status == "supercritical" for b in self.blocks):
+            return "supercritical"
+        return "certified"
+
+    def block(self, name: str) -> Block:
+        """The block with this name (KeyError if none): handy in users' tests."""
+        for candidate in self.blocks:
+            if candidate.name == name:
+                return candidate
+        raise KeyError(name)
+
+    def to_dict(self) -> dict[str, Any]:
+        data = {
+            "spec": self.spec,
+            "tracer": self.tracer,
+            "mode": self.mode,
+            "verdict": self.verdict,
+            "max_q": _json_q(self.max_q),
+            "share_q1": self.share_q1,
+            "threshold": self.threshold,
+            "blocks": [b.to_dict() for b in self.blocks],
+            "findings": [f.to_dict() for f in self.findings],
+        }
+        data.update(self.extra)
+        return data
+
+
+@dataclass
+class Report:
+    """A run over one or more models."""
+
+    models: list[ModelReport]
+
+    @property
+    def findings(self) -> list[Finding]:
+        return [f for m in self.models for f in m.findings]
+
+    def count(self, severity: Severity) -> int:
+        return sum(1 for f in self.findings if f.severity == severity)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "qlint_version": __version__,
+            "models": [m.to_dict() for m in self.models],
+            "summary": {
+                "models": len(self.models),
+                "errors": self.count("error"),
+                "warnings": self.count("warning"),
+                "infos": self.count("info"),
+            },
+        }
