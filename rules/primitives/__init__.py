@@ -42,12 +42,14 @@ class Call:
         return value if isinstance(value, Growth) else constant(value)
 
     def inputs(self) -> list[Growth]:
-        """Every Growth among the arguments, lists and tuples flattened."""
+        """Every Growth among the arguments (numbers as constants), lists and tuples flattened."""
         found: list[Growth] = []
 
         def walk(value: Any) -> None:
             if isinstance(value, Growth):
                 found.append(value)
+            elif isinstance(value, (int, float)) and not isinstance(value, bool):
+                found.append(constant(value))  # literals carry their sign
             elif isinstance(value, (list, tuple)):
                 for item in value:
                     walk(item)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 from qlint import algebra
 from qlint.growth import ANY_SIGN, NONNEG, NONPOS, Growth
 from qlint.rules.primitives import (
@@ -397,13 +399,16 @@ primitive(
 
 
 def _log(call: Call) -> Growth:
-    """log(a) for a >= c > 0: |log a| <= max(|log c|, a), so q <= min(q_a, 1)."""
+    """log(a) for a >= c > 0 with a <= C||x||^q_a: |log a| <= |log c| + log C + q_a log||x||,
+    which grows slower than ||x||, so q <= min(q_a, 1). A super-polynomial a gives no bound."""
     a = first(call)
     if not a.depends:
         return Growth(0.0, depends=False)
     shifted = "log1p" in _op_name(call) and a.sign == NONNEG
     if a.floor or shifted:
-        return Growth(None if a.q is None else min(a.q, 1.0), culprit=a.culprit)
+        if a.q is None or math.isinf(a.q):  # log(exp(exp(x))) = exp(x): no bound
+            return Growth(a.q, culprit=a.culprit)
+        return Growth(min(a.q, 1.0))
     return Growth(None, culprit="log of an argument that may approach 0")
 
 

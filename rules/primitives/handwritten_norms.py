@@ -120,18 +120,24 @@ def _inverse_root_base(node: Any) -> Optional[fx.Node]:
     return None
 
 
+def _centred(node: Any) -> Optional[fx.Node]:
+    """x when node is x - mean(x)."""
+    node = _strip(node)
+    if op_name(node) != "sub" or not isinstance(node.args[1], fx.Node):
+        return None
+    raw, centre = _strip(node.args[0]), _strip(node.args[1])
+    return raw if op_name(centre) == "mean" and _strip(centre.args[0]) is raw else None
+
+
 def _same_signal(numerator: Any, base: Optional[fx.Node]) -> bool:
-    """The numerator is the statistic's base, or that base minus its mean."""
+    """The numerator is the statistic's base, or both centre the same tensor."""
     if base is None:
         return False
     numerator = _strip(numerator)
     if numerator is base:
         return True
-    if op_name(numerator) == "sub" and isinstance(numerator.args[1], fx.Node):
-        centre = _strip(numerator.args[1])
-        raw = _strip(numerator.args[0])
-        return op_name(centre) == "mean" and _strip(centre.args[0]) is raw and base in (raw, numerator)
-    return False
+    raw = _centred(numerator)
+    return raw is not None and (base is raw or _centred(base) is raw)
 
 
 def match(node: fx.Node) -> Optional[tuple[str, fx.Node]]:

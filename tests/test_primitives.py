@@ -1,0 +1,197 @@
+"""Registry rules on small modules: each exponent and each soundness guard."""
+
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+import qlint
+from qlint.rules.primitives import load
+
+D = 8
+
+
+class Residual(nn.Module):
+    """x + branch(x): the smallest residual block."""
+
+    def __init__(self, branch):
+        super().__init__()
+        self.fc = nn.Linear(D, D)
+        self.out = nn.Linear(D, D)
+        self.branch = branch
+
+    def forward(self, x):
+        return x + self.out(self.branch(self, self.fc(x)))
+
+
+def q_of(branch, *, mode=None, inputs=True):
+    model = Residual(branch)
+    report = qlint.analyze(model, (torch.randn(2, 4, D),) if inputs else None, mode=mode)
+    (block,) = report.blocks
+    return block
+
+
+@pytest.mark.parametrize(
+    ("branch", "q"),
+    [
+        (lambda m, h: torch.relu(h), 1),
+        (lambda m, h: F.gelu(h), 1),
+        (lambda m, h: F.silu(h) * h, 2),
+        (lambda m, h: torch.tanh(h) * h, 1),
+        (lambda m, h: torch.sigmoid(h), 0),
+        (lambda m, h: F.softmax(h, dim=-1), 0),
+        (lambda m, h: h**2, 2),
+        (lambda m, h: h.pow(4), 4),
+        (lambda m, h: torch.sqrt(h * h), 1),
+        (lambda m, h: F.layer_norm(h, (D,)), 0),
+        (lambda m, h: F.normalize(h, dim=-1) * 3, 0),
+        (lambda m, h: F.hardtanh(h) + F.relu6(h), 0),
+        (lambda m, h: torch.cat([h, h**3], dim=-1)[..., :D], 3),
+        (lambda m, h: h.softmax(-1) @ h.transpose(-1, -2) @ h, 2),
+        (lambda m, h: F.scaled_dot_product_attention(h, h, h), 1),
+        (lambda m, h: torch.clamp(h, -1, 1), 0),
+        (lambda m, h: torch.clamp(h, min=0), 1),
+        (lambda m, h: h / 3.0, 1),
+        (lambda m, h: h / (1 + torch.exp(-h)), 1),  # x * sigmoid(x), a hand-written SiLU: exp(-h) >= 0
+        (lambda m, h: torch.exp(-F.softplus(h)) * h, 1),  # exp of a non-positive argument is at most 1
+        (lambda m, h: torch.exp(torch.tanh(h)), 0),  # exp of a bounded argument is bounded
+        (lambda m, h: torch.log(1 + torch.exp(h)), math.inf),  # softplus by hand: exp(h) is unbounded
+        (lambda m, h: torch.log1p(torch.relu(h)), 1),
+    ],
+)
+def test_exponent(branch, q):
+    assert q_of(branch).q == q
+
+
+@pytest.mark.parametrize(
+    ("branch", "culprit"),
+    [
+        (lambda m, h: h / h.sum(), "division"),
+        (lambda m, h: torch.rsqrt(h.abs()), "reciprocal"),
+        (lambda m, h: torch.log(h.abs()), "log"),
+        (lambda m, h: torch.special.i0(h), "unknown op"),
+        (lambda m, h: torch.pow(2.0, h), "pow of an argument not bounded above"),
+    ],
+)
+def test_cannot_bound_is_never_certified(branch, culprit):
+    block = q_of(branch)
+    assert block.status != "ok"
+    assert block.q is None or math.isinf(block.q)
+    assert culprit in block.extra["culprit"]
+
+
+@pytest.mark.parametrize(
+    ("branch", "description"),
+    [
+        (lambda m, h: h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + 1e-6), "RMSNorm written out"),
+        (lambda m, h: (h - h.mean(-1, keepdim=True)) / torch.sqrt(h.var(-1, keepdim=True) + 1e-5), "LayerNorm written out"),
+        (lambda m, h: (h - h.mean(-1, keepdim=True)) / (((h - h.mean(-1, keepdim=True)) ** 2).mean(-1, keepdim=True) + 1e-5).sqrt(), "LayerNorm written out"),
+        (lambda m, h: h / h.norm(dim=-1, keepdim=True), "L2 normalization written out"),
+        (lambda m, h: h / (h.norm(dim=-1, keepdim=True) + 1e-6), "L2 normalization written out"),
+        (lambda m, h: h.float() * torch.rsqrt(h.float().pow(2).mean(-1, keepdim=True) + 1e-6), "RMSNorm written out"),
+    ],
+)
+def test_handwritten_normalizations_are_recognised(branch, description):
+    block = q_of(lambda m, h: branch(m, h) * h)  # a normalised factor times a q = 1 factor
+    assert block.q == 1
+    block = q_of(branch)
+    assert block.q == 0 and description in block.dominant
+
+
+def test_a_statistic_of_another_tensor_is_not_a_normalization():
+    # rsqrt(mean(relu(h)^2) + eps) <= eps^-1/2 is merely bounded: h times it stays q = 1
+    block = q_of(lambda m, h: h * torch.rsqrt(torch.relu(h).pow(2).mean(-1, keepdim=True) + 1e-6))
+    assert block.q == 1 and "written out" not in block.dominant
+    # without the eps floor the reciprocal may blow up near 0
+    block = q_of(lambda m, h: h * torch.rsqrt(torch.relu(h).pow(2).mean(-1, keepdim=True)))
+    assert block.status == "uncertified"
+
+
+class BatchNormBlock(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.bn = nn.BatchNorm1d(D)
+        self.fc = nn.Linear(D, D)
+
+    def forward(self, x):
+        return x + self.fc(self.bn(x) ** 2)
+
+
+@pytest.mark.parametrize(("mode", "q"), [("train", 0), ("eval", 2)])
+def test_batchnorm_normalizes_only_with_batch_statistics(mode, q):
+    report = qlint.analyze(BatchNormBlock(), (torch.randn(4, D),), mode=mode)
+    assert report.mode == mode
+    assert report.blocks[0].q == q
+
+
+class PostLN(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Linear(D, D)
+        self.norm = nn.LayerNorm(D)
+
+    def forward(self, x):
+        return self.norm(x + self.fc(x))
+
+
+class PostLNStack(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.layers = nn.ModuleList(PostLN() for _ in range(2))
+        self.final = nn.LayerNorm(D)
+
+    def forward(self, x):
+        for layer in self.layers:
+            x = layer(x)
+        return self.final(x)
+
+
+def test_post_ln_updates_are_reported_as_info():
+    report = qlint.analyze(PostLNStack())
+    assert [(b.name, b.form, b.q) for b in report.blocks] == [("layers.0", "post-norm", 1), ("layers.1", "post-norm", 1)]
+    assert [f.code for f in report.findings] == ["QL104", "QL104"]
+    assert all(f.severity == "info" for f in report.findings)
+
+
+class GeluApprox(nn.Module):
+    """GPT-2's tanh-approximate GELU contains `x + 0.044715 * x**3`: not a block."""
+
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Linear(D, D)
+
+    def forward(self, x):
+        h = self.fc(x)
+        gelu = 0.5 * h * (1.0 + torch.tanh(math.sqrt(2.0 / math.pi) * (h + 0.044715 * torch.pow(h, 3.0))))
+        return x + gelu
+
+
+def test_a_residual_form_inside_a_velocity_is_not_a_block():
+    report = qlint.analyze(GeluApprox())
+    assert [(b.name, b.q) for b in report.blocks] == [("GeluApprox", 1)]
+
+
+class NoResidual(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Linear(D, D)
+
+    def forward(self, x):
+        return self.fc(x) + 1.0
+
+
+def test_a_model_without_residual_blocks_is_trivially_certified():
+    report = qlint.analyze(NoResidual())
+    assert report.blocks == [] and report.verdict == "certified" and report.findings == []
+
+
+def test_registry_entries_are_justified():
+    registry = load()
+    table1 = [p for p in registry.primitives if p.table1]
+    names = " ".join(p.name for p in table1)
+    for row in ("Saturating", "Softmax", "LayerNorm", "RMSNorm", "L2", "Affine", "Lipschitz", "attention", "Polynomial"):
+        assert row in names, row
+    for primitive in registry.primitives:
+        assert primitive.why and primitive.q, primitive.name
