@@ -36,13 +36,12 @@ CONFIG_FILES = (".qlint.toml", "qlint.toml", "pyproject.toml")
 FORMATS = ("full", "concise", "json", "sarif", "github", "markdown")
 SEVERITIES = tuple(SEVERITY_RANK)  # info, warning, error
 MODES = ("train", "eval")
-DTYPES = (
-    "float32", "float", "float64", "double", "float16", "half", "bfloat16",
-    "complex64", "complex128", "int64", "long", "int32", "int", "int16", "short",
-    "int8", "uint8", "bool",
-)  # fmt: skip
+TRACERS = ("symbolic_trace", "export", "make_fx")  # qlint.trace.TRACERS (which imports torch)
+try:
+    from qlint.loader import DTYPES  # the dtypes --input-dtype accepts (torch-free import)
+except ImportError:  # pragma: no cover
+    DTYPES = ("float32", "float64", "float16", "bfloat16", "int64", "int32")
 _SELECTOR = re.compile(r"^(ALL|QL[0-9]{0,3})$")
-_TRACER = re.compile(r"^[A-Za-z_][A-Za-z0-9_.-]*$")
 
 
 class ConfigError(Exception):
@@ -222,7 +221,7 @@ class Config:
         input_shapes: Optional[Sequence[Any]] = None,
         output_format: Optional[str] = None,
         baseline: Optional[str | os.PathLike[str]] = None,
-    ) -> "Config":
+    ) -> Config:
         """A copy with command-line flags applied on top (None / empty = not given).
 
         ``models`` (the SPEC arguments) replace the file's ``models``; selector
@@ -237,11 +236,11 @@ class Config:
             ignore=_selectors(list(ignore or ()), f"{where} --ignore"),
         )
         cli = ModelOverride(
-            input_shapes=None if not input_shapes else _shapes(list(input_shapes), "--input-shape"),
+            input_shapes=None if not input_shapes else _cli_shapes(input_shapes),
             input_dtype=None if input_dtype is None else _choice(input_dtype, DTYPES, "--input-dtype"),
             device=device,
             mode=None if mode is None else _choice(mode, MODES, "--mode"),
-            tracer=tracer,
+            tracer=None if tracer is None else _tracer(tracer, "--tracer"),
             threshold=None if threshold is None else _threshold(threshold, "--threshold"),
         )
         return replace(
@@ -424,18 +423,7 @@ def parse_config(
                 raise fail(f"{where}'{sub_prefix[:-1]}' must be a table")
             _check_keys(settings, MODEL_KEYS, where, sub_prefix)
 
-            def sub(name: str) -> str:
-                return f"{where}'{sub_prefix}{name}'"
-
-            s = settings.get
-            cfg.per_model[normalize_spec(spec, root)] = ModelOverride(
-                input_shapes=_shapes(s("input-shapes"), sub("input-shapes")) if "input-shapes" in settings else None,
-                input_dtype=_choice(s("input-dtype"), DTYPES, sub("input-dtype")) if "input-dtype" in settings else None,
-                device=_nonempty_str(s("device"), sub("device")) if "device" in settings else None,
-                mode=_choice(s("mode"), MODES, sub("mode")) if "mode" in settings else None,
-                tracer=_tracer(s("tracer"), sub("tracer")) if "tracer" in settings else None,
-                threshold=_threshold(s("threshold"), sub("threshold")) if "threshold" in settings else None,
-            )
+            cfg.per_model[normalize_spec(spec, root)] = _model_override(settings, where, sub_prefix)
 
     if "primitives" in table:
         raw = get("primitives")
@@ -458,6 +446,24 @@ def parse_config(
                 raise fail(f"{where}'{sub_prefix}why' is required: a short justification of the exponent")
             cfg.primitives[name] = (float(q), why.strip())
     return cfg
+
+
+def _model_override(settings: Mapping[str, Any], where: str, prefix: str) -> ModelOverride:
+    """One ``[tool.qlint.per-model."SPEC"]`` table (keys already checked)."""
+    parsers: dict[str, Any] = {
+        "input-shapes": _shapes,
+        "input-dtype": lambda v, k: _choice(v, DTYPES, k),
+        "device": _nonempty_str,
+        "mode": lambda v, k: _choice(v, MODES, k),
+        "tracer": _tracer,
+        "threshold": _threshold,
+    }
+    values = {
+        name.replace("-", "_"): parse(settings[name], f"{where}'{prefix}{name}'")
+        for name, parse in parsers.items()
+        if name in settings
+    }
+    return ModelOverride(**values)
 
 
 def _check_keys(table: Mapping[str, Any], allowed: Sequence[str], where: str, prefix: str) -> None:
@@ -514,10 +520,7 @@ def _nonempty_str(value: Any, key: str) -> str:
 
 
 def _tracer(value: Any, key: str) -> str:
-    value = _nonempty_str(value, key)
-    if not _TRACER.match(value):
-        raise ConfigError(f"{key}: invalid tracer name {value!r}")
-    return value
+    return _choice(value, TRACERS, key)
 
 
 def parse_shape(text: str) -> tuple[int, ...]:
@@ -526,9 +529,21 @@ def parse_shape(text: str) -> tuple[int, ...]:
     if text.endswith(","):  # "8," is a 1-d shape, as in Python
         text = text[:-1]
     parts = [p.strip() for p in re.split(r"[,x]", text)] if text else []
-    if not parts or not all(p.isdigit() for p in parts):
+    if not parts or not all(p.isdigit() and int(p) > 0 for p in parts):
         raise ValueError(f"invalid shape {text!r}")
     return tuple(int(p) for p in parts)
+
+
+def _cli_shapes(values: Sequence[Any]) -> tuple[tuple[int, ...], ...]:
+    out = []
+    for item in values:
+        try:
+            out.append(parse_shape(item) if isinstance(item, str) else _shapes([item], "--input-shape")[0])
+        except (ValueError, ConfigError):
+            raise ConfigError(
+                f"invalid --input-shape {item!r}; expected comma-separated positive integers like 2,96,7"
+            ) from None
+    return tuple(out)
 
 
 def _shapes(value: Any, key: str) -> tuple[tuple[int, ...], ...]:
@@ -544,14 +559,14 @@ def _shapes(value: Any, key: str) -> tuple[tuple[int, ...], ...]:
             if isinstance(item, str):
                 out.append(parse_shape(item))
             elif isinstance(item, (list, tuple)) and item and all(
-                isinstance(d, int) and not isinstance(d, bool) and d >= 0 for d in item
+                isinstance(d, int) and not isinstance(d, bool) and d > 0 for d in item
             ):
                 out.append(tuple(item))
             else:
                 raise ValueError
         except ValueError:
             raise ConfigError(
-                f"{key}: invalid shape {item!r} (expected a string like \"2,8,7\" or an array of integers)"
+                f"{key}: invalid shape {item!r} (expected a string like \"2,8,7\" or an array of positive integers)"
             ) from None
     return tuple(out)
 

@@ -34,7 +34,7 @@ def _information_uri() -> str:
     try:
         from importlib.metadata import metadata
 
-        meta = metadata("qlint")
+        meta: Any = metadata("qlint")
         for entry in meta.get_all("Project-URL") or []:
             label, _, url = entry.partition(",")
             if label.strip().lower() in ("homepage", "home", "source", "repository") and url.strip():

@@ -66,9 +66,9 @@ def scan_source(text: str, file: str = "<string>") -> list[Directive]:
         tokens = list(tokenize.generate_tokens(io.StringIO(text).readline))
     except (tokenize.TokenError, SyntaxError):
         # Not valid Python: fall back to per-line matching (strings may fool it).
-        for number, line in enumerate(text.splitlines(), start=1):
-            if "#" in line and (parsed := parse_noqa(line[line.index("#") :])):
-                directives.append(Directive(file, number, (number, number), parsed[0]))
+        for number, source_line in enumerate(text.splitlines(), start=1):
+            if "#" in source_line and (found := parse_noqa(source_line[source_line.index("#") :])):
+                directives.append(Directive(file, number, (number, number), found[0]))
         return directives
 
     logical_start: Optional[int] = None
@@ -80,8 +80,8 @@ def scan_source(text: str, file: str = "<string>") -> list[Directive]:
             if parsed is None:
                 continue
             if logical_start is None:  # a comment on a line of its own
-                line = tok.start[0]
-                directives.append(Directive(file, line, (line, line), parsed[0]))
+                row = tok.start[0]
+                directives.append(Directive(file, row, (row, row), parsed[0]))
             else:
                 pending.append((tok.start[0], parsed[0]))
         elif tok.type == tokenize.NEWLINE:
@@ -187,18 +187,18 @@ def apply_suppressions(model_report: ModelReport, config: Optional[Config] = Non
                 message = _unused_message(d, rules, config)
                 if message is None:
                     continue
-                block = next(
-                    (name for (k, line), name in blocks_at.items() if k == file_key and d.covers(line)),
+                block_name = next(
+                    (name for (k, row), name in blocks_at.items() if k == file_key and d.covers(row)),
                     None,
                 )
-                if _code_matches(config.block_ignores(block), "QL100"):
+                if _code_matches(config.block_ignores(block_name), "QL100"):
                     continue
                 unused_findings.append(
                     Finding(
                         code="QL100",
                         severity=rules["QL100"].severity if "QL100" in rules else "warning",
                         message=message,
-                        block=block,
+                        block=block_name,
                         source=Source(shown_name.get(file_key, d.file), d.line),
                     )
                 )

@@ -131,5 +131,78 @@ def test_malformed_baseline_is_a_clear_error(tmp_path, content, message):
 
 
 def test_missing_baseline_is_a_clear_error():
-    with pytest.raises(BaselineError, match="baseline file not found: nope.json"):
+    with pytest.raises(BaselineError, match=r"baseline file not found: nope\.json"):
         load_baseline("nope.json")
+
+
+# -- end to end ------------------------------------------------------------------
+
+E2E_MODEL = '''\
+import torch
+from torch import nn
+
+
+class Net(nn.Module):
+    def __init__(self, p):
+        super().__init__()
+        self.p = p
+        self.w1, self.w2 = nn.Linear(8, 8), nn.Linear(8, 8)
+
+    def forward(self, x):
+        return x + self.w2(self.w1(x) ** self.p)
+
+
+def cubic():
+    return Net(3), (torch.randn(2, 4, 8),)
+
+
+def quintic():
+    return Net(5), (torch.randn(2, 4, 8),)
+'''
+
+
+def qlint(*args: str):
+    from click.testing import CliRunner
+
+    from qlint.cli import main
+
+    return CliRunner().invoke(main, [*args], catch_exceptions=False)
+
+
+def make_project(root: Path, shift: int = 0) -> Path:
+    root.mkdir(parents=True, exist_ok=True)
+    (root / "base_model.py").write_text("\n" * shift + E2E_MODEL)
+    (root / "pyproject.toml").write_text('[tool.qlint]\nmodels = ["base_model.py:cubic"]\n')
+    return root
+
+
+def test_cli_write_then_check_baseline(tmp_path, monkeypatch):
+    monkeypatch.chdir(make_project(tmp_path / "p1"))
+    result = qlint("--write-baseline", "qlint-baseline.json")
+    assert result.exit_code == 0 and "wrote 1 finding(s) to qlint-baseline.json" in result.stderr
+    assert qlint("--baseline", "qlint-baseline.json").exit_code == 0
+    result = qlint("--baseline", "qlint-baseline.json", "base_model.py:cubic", "base_model.py:quintic", "--format", "concise")
+    assert result.exit_code == 1
+    assert result.stdout.count("QL101") == 1 and "q = 5" in result.stdout
+
+    # The same project, edited so that every line moved: the baseline still holds.
+    shifted = make_project(tmp_path / "p2", shift=7)
+    (shifted / "qlint-baseline.json").write_text((tmp_path / "p1" / "qlint-baseline.json").read_text())
+    monkeypatch.chdir(shifted)
+    assert qlint("--baseline", "qlint-baseline.json").exit_code == 0
+    # ... and configured in the file instead of on the command line.
+    (shifted / "pyproject.toml").write_text(
+        '[tool.qlint]\nmodels = ["base_model.py:cubic"]\nbaseline = "qlint-baseline.json"\n'
+    )
+    assert qlint().exit_code == 0
+
+
+def test_cli_malformed_or_missing_baseline_exits_2(tmp_path, monkeypatch):
+    monkeypatch.chdir(make_project(tmp_path / "p"))
+    result = qlint("--baseline", "missing.json")
+    assert result.exit_code == 2 and result.stderr == (
+        "qlint: error: baseline file not found: missing.json (create it with --write-baseline)\n"
+    )
+    Path("bad.json").write_text("{")
+    result = qlint("--baseline", "bad.json")
+    assert result.exit_code == 2 and result.stderr.startswith("qlint: error: malformed baseline bad.json")

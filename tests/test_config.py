@@ -89,6 +89,7 @@ def test_explicit_config_path_and_inline_overrides(tmp_path):
         ("threshold = true", r"'tool\.qlint\.threshold' must be a finite number"),
         ('fail-on = "errors"', r"'tool\.qlint\.fail-on': invalid value 'errors' \(did you mean 'error'"),
         ('mode = "inference"', r"'tool\.qlint\.mode': invalid value"),
+        ('tracer = "export_"', r"'tool\.qlint\.tracer': invalid value 'export_' \(did you mean 'export'\?"),
         ('select = ["Q101"]', r"'tool\.qlint\.select': invalid rule selector 'Q101'"),
         ('ignore = ["ql101"]', r"'tool\.qlint\.ignore': invalid rule selector"),
         ('output-format = "xml"', r"'tool\.qlint\.output-format': invalid value 'xml'"),
@@ -148,7 +149,7 @@ def test_full_schema_parses(tmp_path, monkeypatch):
         fail-on = "warning"
         threshold = 1.5
         mode = "train"
-        tracer = "fx"
+        tracer = "make_fx"
         device = "meta"
         input-dtype = "float16"
         input-shapes = ["2,8,7", [4, 3]]
@@ -182,7 +183,8 @@ def test_full_schema_parses(tmp_path, monkeypatch):
         ((1, 16),), "bfloat16", "cpu", "eval", "export", 2.0,
     )  # fmt: skip
     other = cfg.options_for("mypkg.model:build")
-    assert (other.input_shapes, other.device, other.mode, other.threshold) == (((2, 8, 7), (4, 3)), "meta", "train", 1.5)
+    assert (other.input_shapes, other.device, other.mode) == (((2, 8, 7), (4, 3)), "meta", "train")
+    assert other.threshold == 1.5
 
 
 def test_model_specs_resolve_relative_to_the_config_folder(tmp_path, monkeypatch):
@@ -240,8 +242,9 @@ def test_cli_flags_override_file_and_per_model(tmp_path, monkeypatch):
         ({"select": ["QLX"]}, r"--select: invalid rule selector 'QLX'"),
         ({"fail_on": "fatal"}, r"--fail-on: invalid value 'fatal'"),
         ({"mode": "test"}, r"--mode: invalid value"),
-        ({"input_shapes": ["a,b"]}, r"--input-shape: invalid shape"),
+        ({"input_shapes": ["a,b"]}, r"invalid --input-shape 'a,b'; expected comma-separated"),
         ({"output_format": "text"}, r"--output-format: invalid value 'text'"),
+        ({"tracer": "fx"}, r"--tracer: invalid value 'fx'"),
     ],
 )
 def test_bad_cli_values_raise_config_error(flags, message):
@@ -284,14 +287,14 @@ def layers(*specs):
         ({"select": ["QL1"]}, {"select": ["QL2"]}, "QL101", False),  # CLI select replaces
         ({"select": ["QL1"]}, {"extend_select": ["QL3"]}, "QL301", True),
         ({"select": ["QL1"]}, {"extend_select": ["QL3"]}, "QL101", True),
-        ({}, {"select": [], "ignore": ["QL1"]}, "QL101", False),  # ruff: ignores carried over
+        ({}, {"select": [], "ignore": ["QL1"]}, "QL101", False),  # ignores carried over, as in ruff
         ({"select": [], "ignore": ["QL1"]}, {"extend_select": ["QL101"]}, "QL101", True),
     ],
 )
 def test_rule_selection_matches_ruff(file, cli, code, expected):
     from qlint.config import DEFAULT_SELECTION
 
-    stack = [DEFAULT_SELECTION] + layers(file, cli)[1:]
+    stack = [DEFAULT_SELECTION, *layers(file, cli)[1:]]
     assert resolve_selected(code, stack) is expected
 
 
@@ -311,7 +314,7 @@ def test_is_selected_through_config_and_merge_cli(tmp_path):
 def test_a_lone_select_is_prefix_matching(prefix, code):
     cfg = Config().merge_cli(select=[prefix])
     assert cfg.is_selected(code) == code.startswith(prefix)
-    assert not Config().merge_cli(select=["ALL"], ignore=[prefix]).is_selected(code) == code.startswith(prefix)
+    assert Config().merge_cli(select=["ALL"], ignore=[prefix]).is_selected(code) != code.startswith(prefix)
 
 
 # -- per-block ignores and fail-on ------------------------------------------------
@@ -331,3 +334,150 @@ def test_per_block_ignores_glob(tmp_path):
 )  # fmt: skip
 def test_fail_on(fail_on, severity, fails):
     assert Config(fail_on=fail_on).fails(severity) is fails
+
+
+def test_choices_agree_with_the_core():
+    from qlint import config, loader, trace
+
+    assert config.TRACERS == trace.TRACERS
+    assert tuple(config.DTYPES) == tuple(loader.DTYPES)
+
+
+# -- end to end: the check command reads the configuration -------------------------
+
+E2E_MODEL = '''\
+import torch
+from torch import nn
+
+
+class Gate(nn.Module):
+    def forward(self, h):
+        return torch.special.i0(h)  # not in the registry: uncertified unless declared
+
+
+class Block(nn.Module):
+    def __init__(self, kind):
+        super().__init__()
+        self.kind = kind
+        self.w1, self.w2 = nn.Linear(8, 8), nn.Linear(8, 8)
+        self.norm, self.gate = nn.LayerNorm(8), Gate()
+
+    def forward(self, x):
+        if self.kind == "cubic":
+            return x + self.w2(self.w1(x) ** 3)
+        if self.kind == "post_ln":
+            return self.norm(x + self.w2(torch.relu(self.w1(x))))
+        if self.kind == "gate":
+            return x + self.w2(self.gate(self.w1(x)))
+        return x + self.w2(torch.relu(self.w1(self.norm(x))))
+
+
+def cubic():
+    return Block("cubic"), (torch.randn(2, 4, 8),)
+
+
+def post_ln():
+    return Block("post_ln"), (torch.randn(2, 4, 8),)
+
+
+def gate():
+    return Block("gate"), (torch.randn(2, 4, 8),)
+
+
+def certified():
+    return Block("pre_ln"), (torch.randn(2, 4, 8),)
+'''
+
+
+def project(tmp_path: Path, monkeypatch, config: str = "", name: str = "proj") -> Path:
+    root = tmp_path / name
+    write(root / "src" / "toymodel.py", E2E_MODEL)
+    write(root / "pyproject.toml", '[project]\nname = "toy"\n\n[tool.qlint]\n' + textwrap.dedent(config))
+    monkeypatch.chdir(root)
+    return root
+
+
+def qlint(*args: str):
+    from click.testing import CliRunner
+
+    from qlint.cli import main
+
+    return CliRunner().invoke(main, list(args), catch_exceptions=False)
+
+
+def test_bare_qlint_checks_the_configured_models(tmp_path, monkeypatch):
+    root = project(tmp_path, monkeypatch, 'models = ["src/toymodel.py:cubic", "src/toymodel.py:certified"]\n')
+    result = qlint("--output-format", "concise")
+    assert result.exit_code == 1, result.output
+    assert result.stdout.splitlines()[0].startswith("src/toymodel.py:19: QL101 ")
+    # From a subfolder the specs still resolve against the config file's folder.
+    monkeypatch.chdir(root / "src")
+    result = qlint("--output-format", "json")
+    assert result.exit_code == 1
+    import json
+
+    specs = [m["spec"] for m in json.loads(result.stdout)["models"]]
+    assert specs == ["toymodel.py:cubic", "toymodel.py:certified"]
+
+
+def test_spec_arguments_replace_the_configured_models(tmp_path, monkeypatch):
+    project(tmp_path, monkeypatch, 'models = ["src/toymodel.py:cubic"]\n')
+    assert qlint("src/toymodel.py:certified").exit_code == 0
+
+
+def test_malformed_config_exits_2_with_one_line(tmp_path, monkeypatch):
+    project(tmp_path, monkeypatch, 'models = ["src/toymodel.py:cubic"]\nslect = ["QL1"]\n')
+    result = qlint()
+    assert result.exit_code == 2
+    assert result.stdout == ""
+    assert result.stderr.strip().count("\n") == 0 and "Traceback" not in result.stderr
+    assert "unknown key 'tool.qlint.slect' (did you mean 'select'?)" in result.stderr
+
+
+def test_no_models_anywhere_is_a_usage_error(tmp_path, monkeypatch):
+    project(tmp_path, monkeypatch, "")
+    result = qlint()
+    assert result.exit_code == 2 and "[tool.qlint] models" in result.stderr
+
+
+def test_selection_and_fail_on_precedence(tmp_path, monkeypatch):
+    project(tmp_path, monkeypatch, 'models = ["src/toymodel.py:cubic"]\nignore = ["QL101"]\n')
+    assert qlint().exit_code == 0  # the file ignores QL101
+    assert qlint("--select", "QL101").exit_code == 1  # the CLI's select wins
+    assert qlint("--isolated", "src/toymodel.py:cubic").exit_code == 1
+    assert qlint("--config", "ignore = []").exit_code == 1  # inline override
+
+
+def test_fail_on_info(tmp_path, monkeypatch):
+    project(tmp_path, monkeypatch, 'models = ["src/toymodel.py:post_ln"]\n')
+    result = qlint("--format", "concise")
+    assert result.exit_code == 0 and " QL104 " in result.stdout  # info does not fail by default
+    assert qlint("--fail-on", "info").exit_code == 1
+    assert qlint("--config", "fail-on = 'info'").exit_code == 1
+
+
+def test_threshold_file_per_model_and_cli(tmp_path, monkeypatch):
+    project(
+        tmp_path,
+        monkeypatch,
+        """
+        models = ["src/toymodel.py:cubic"]
+        [tool.qlint.per-model."src/toymodel.py:cubic"]
+        threshold = 3
+        """,
+    )
+    assert qlint().exit_code == 0  # per-model threshold 3: q = 3 is certified
+    assert qlint("--threshold", "1").exit_code == 1  # the CLI beats the per-model table
+
+
+def test_declared_primitives_are_used(tmp_path, monkeypatch):
+    project(tmp_path, monkeypatch, 'models = ["src/toymodel.py:gate"]\n')
+    result = qlint("--format", "concise")
+    assert result.exit_code == 1 and " QL102 " in result.stdout
+    write(
+        Path("pyproject.toml"),
+        '[tool.qlint]\nmodels = ["src/toymodel.py:gate"]\n'
+        '[tool.qlint.primitives]\n"toymodel.Gate" = { q = 0, why = "test: treat i0 as bounded" }\n',
+    )
+    result = qlint("--format", "concise")
+    assert result.exit_code == 0, result.output

@@ -135,7 +135,8 @@ def test_markdown_summary(repo):
     text = render(make_report(repo), "markdown")
     assert "| `pkg/model.py:poly` | ❌ supercritical | 3 | 2 | 2 errors, 1 info |" in text
     assert "| `pkg/model.py:lipschitz` | ✅ certified | 1 | 1 | none |" in text
-    assert "| QL104 | info | `pkg/model.py:poly` | `layers.1` | `pkg/model.py:22` | layers.1: Post-LN \\| update |" in text
+    row = "| QL104 | info | `pkg/model.py:poly` | `layers.1` | `pkg/model.py:22` | layers.1: Post-LN \\| update |"
+    assert row in text
     assert text.rstrip().endswith("**Found 3 findings (2 errors, 1 info).**")
     clean = Report([make_report(repo).models[1]])
     assert "### Findings" not in render(clean, "markdown") and "All checks passed!" in render(clean, "markdown")
@@ -240,3 +241,98 @@ def test_write_output_to_file_and_stream(repo, capsys):
     assert capsys.readouterr().out == render(report, "concise")
     write_output(report, "full", statistics=True)
     assert "QL101" in capsys.readouterr().out
+
+
+# -- end to end: the check command's output options ---------------------------------
+
+E2E_MODEL = '''\
+import torch
+from torch import nn
+
+
+class Cubic(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.w1, self.w2 = nn.Linear(8, 8), nn.Linear(8, 8)
+
+    def forward(self, x):
+        return x + self.w2(self.w1(x) ** 3)
+
+
+def cubic():
+    return Cubic(), (torch.randn(2, 4, 8),)
+'''
+CUBIC_LINE = 11
+
+
+@pytest.fixture
+def e2e(repo: Path) -> Path:
+    (repo / "toymodel.py").write_text(E2E_MODEL)
+    (repo / "pyproject.toml").write_text('[tool.qlint]\nmodels = ["toymodel.py:cubic"]\n')
+    return repo
+
+
+def qlint(*args: str):
+    from click.testing import CliRunner
+
+    from qlint.cli import main
+
+    return CliRunner().invoke(main, list(args), catch_exceptions=False)
+
+
+def test_cli_sarif_to_file(e2e):
+    result = qlint("--output-format", "sarif", "-o", "qlint.sarif")
+    assert result.exit_code == 1 and result.stdout == ""
+    log = json.loads((e2e / "qlint.sarif").read_text())
+    (res,) = log["runs"][0]["results"]
+    assert res["ruleId"] == "QL101" and res["level"] == "error"
+    location = res["locations"][0]["physicalLocation"]
+    assert location["artifactLocation"] == {"uri": "toymodel.py", "uriBaseId": "%SRCROOT%"}
+    assert location["region"]["startLine"] == CUBIC_LINE
+
+
+@pytest.mark.parametrize("flag", ["--format", "--output-format"])
+def test_cli_json_and_alias(e2e, flag):
+    result = qlint(flag, "json")
+    assert result.exit_code == 1
+    data = json.loads(result.stdout)
+    assert data["summary"]["errors"] == 1 and data["models"][0]["max_q"] == 3
+
+
+def test_cli_concise_github_markdown(e2e):
+    assert qlint("--output-format", "concise").stdout.splitlines()[0].startswith(f"toymodel.py:{CUBIC_LINE}: QL101 ")
+    assert qlint("--output-format", "github").stdout.startswith(
+        f"::error file=toymodel.py,line={CUBIC_LINE},title=QL101::"
+    )
+    assert "| `toymodel.py:cubic` | ❌ supercritical | 3 | 1 | 1 error |" in qlint("--output-format", "markdown").stdout
+
+
+def test_cli_output_format_from_config(e2e):
+    (e2e / "pyproject.toml").write_text('[tool.qlint]\nmodels = ["toymodel.py:cubic"]\noutput-format = "concise"\n')
+    assert qlint().stdout.startswith(f"toymodel.py:{CUBIC_LINE}: QL101")
+    assert json.loads(qlint("--format", "json").stdout)["summary"]["errors"] == 1  # the CLI wins
+
+
+def test_cli_statistics_and_exit_zero(e2e):
+    result = qlint("--statistics")
+    assert result.exit_code == 1 and result.stdout == "1\tQL101\tsupercritical-block\n"
+    result = qlint("--exit-zero", "--format", "concise")
+    assert result.exit_code == 0 and "QL101" in result.stdout
+
+
+def test_cli_full_report_to_file_is_plain_text(e2e):
+    result = qlint("-o", "report.txt")
+    assert result.exit_code == 1
+    text = (e2e / "report.txt").read_text()
+    assert "QL101" in text and "\x1b[" not in text
+
+
+def test_cli_output_file_in_a_missing_folder_exits_2(e2e):
+    result = qlint("--format", "json", "-o", "no/such/dir/out.json")
+    assert result.exit_code == 2
+    assert result.stderr.startswith("qlint: error:") and result.stderr.count("\n") == 1
+
+
+def test_cli_exit_2_on_bad_spec_even_with_exit_zero(e2e):
+    result = qlint("--exit-zero", "toymodel.py:missing")
+    assert result.exit_code == 2 and "has no attribute" in result.stderr and "Traceback" not in result.stderr

@@ -30,7 +30,7 @@ class Net(torch.nn.Module):
         return f + self.o(f)  # type: ignore  # qlint: noqa: QL999
 '''
 # line numbers of the residual adds above
-DOC, A, B, C, D, D_END, E, F, O = 6, 7, 8, 9, 10, 12, 13, 14, 15
+DOC, A, B, C, D, D_END, E, F, RET = 6, 7, 8, 9, 10, 12, 13, 14, 15
 
 
 @pytest.fixture
@@ -74,7 +74,7 @@ def test_scanner_ignores_string_literals_and_spans_logical_lines():
     assert directives[A].codes == ("QL101",) and directives[A].span == (A, A)
     assert directives[C].codes is None
     assert directives[D_END].span == (D, D_END) and directives[D_END].codes == ("QL101", "QL103")
-    assert directives[O].codes == ("QL999",)
+    assert directives[RET].codes == ("QL999",)
 
 
 def test_scanner_survives_invalid_python():
@@ -109,8 +109,8 @@ def test_string_literal_noqa_does_not_count(model_file):
 
 def test_unused_noqa_on_a_certified_block_line_is_reported(model_file):
     # The block at line A is now certified: its noqa is stale.
-    out = apply_suppressions(report(model_file, [], blocks=[("a", A), ("o", O)]), Config())
-    assert codes(out) == [("QL100", A), ("QL100", O)]
+    out = apply_suppressions(report(model_file, [], blocks=[("a", A), ("ret", RET)]), Config())
+    assert codes(out) == [("QL100", A), ("QL100", RET)]
     assert out.findings[0].block == "a"
     assert out.findings[0].message == "unused `# qlint: noqa` directive (unused: QL101)"
     assert out.findings[1].message == "unused `# qlint: noqa` directive (unknown: QL999)"
@@ -164,7 +164,10 @@ def test_findings_without_source_and_unreadable_files(tmp_path):
         tracer="fx",
         mode="eval",
         blocks=[Block("x", 0, 3.0, "supercritical", [], source=Source(missing, 3))],
-        findings=[Finding("QL101", "error", "no place", "x"), Finding("QL101", "error", "gone", "x", Source(missing, 3))],
+        findings=[
+            Finding("QL101", "error", "no place", "x"),
+            Finding("QL101", "error", "gone", "x", Source(missing, 3)),
+        ],
     )
     out = apply_suppressions(model, Config())
     assert [f.message for f in out.findings] == ["no place", "gone"]
@@ -197,3 +200,84 @@ def test_ql100_is_a_documented_rule():
     rule = load_all()["QL100"]
     assert rule.name == "unused-noqa" and rule.severity == "warning"
     assert "## QL100 unused-noqa (warning)" in rule.doc()
+
+
+# -- end to end ------------------------------------------------------------------
+
+E2E_MODEL = '''\
+import torch
+from torch import nn
+
+
+class Net(nn.Module):
+    def __init__(self, kind):
+        super().__init__()
+        self.kind = kind
+        self.w1, self.w2, self.norm = nn.Linear(8, 8), nn.Linear(8, 8), nn.LayerNorm(8)
+
+    def forward(self, x):
+        if self.kind == "cubic":
+            return x + self.w2(self.w1(x) ** 3)  # qlint: noqa: QL101
+        if self.kind == "cubic_bare":
+            return x + self.w2(self.w1(x) ** 3)  # qlint: noqa
+        if self.kind == "cubic_plain":
+            return x + self.w2(self.w1(x) ** 3)
+        return x + self.w2(torch.relu(self.w1(self.norm(x))))  # qlint: noqa: QL101
+
+
+def build(kind):
+    return Net(kind), (torch.randn(2, 4, 8),)
+
+
+def cubic():
+    return build("cubic")
+
+
+def cubic_bare():
+    return build("cubic_bare")
+
+
+def cubic_plain():
+    return build("cubic_plain")
+
+
+def certified():
+    return build("certified")
+'''
+
+
+@pytest.fixture
+def e2e(tmp_path, monkeypatch) -> Path:
+    (tmp_path / "noqa_model.py").write_text(E2E_MODEL)
+    monkeypatch.chdir(tmp_path)
+    return tmp_path
+
+
+def qlint(*args: str):
+    from click.testing import CliRunner
+
+    from qlint.cli import main
+
+    return CliRunner().invoke(main, [*args, "--format", "concise"], catch_exceptions=False)
+
+
+def test_cli_noqa_suppresses(e2e):
+    assert qlint("noqa_model.py:cubic").exit_code == 0
+    assert qlint("noqa_model.py:cubic_bare").exit_code == 0
+    result = qlint("noqa_model.py:cubic_plain")
+    assert result.exit_code == 1 and "noqa_model.py:17: QL101" in result.stdout
+
+
+def test_cli_stale_noqa_is_ql100(e2e):
+    result = qlint("noqa_model.py:certified")
+    assert result.exit_code == 0  # a warning does not fail by default
+    assert result.stdout.splitlines()[0] == (
+        "noqa_model.py:18: QL100 unused `# qlint: noqa` directive (unused: QL101)"
+    )
+    assert qlint("noqa_model.py:certified", "--fail-on", "warning").exit_code == 1
+    assert qlint("noqa_model.py:certified", "--ignore", "QL100").stdout == "All checks passed!\n"
+
+
+def test_cli_per_block_ignores(e2e):
+    (e2e / "pyproject.toml").write_text('[tool.qlint]\nper-block-ignores = { "N*" = ["QL101"] }\n')
+    assert qlint("noqa_model.py:cubic_plain").exit_code == 0

@@ -1,51 +1,206 @@
-"""``qlint check SPEC...``: trace, certify and report; exit 0 / 1 / 2."""
+"""``qlint check SPEC...``: trace, certify and report; exit 0 / 1 / 2.
+
+Settings come from ``[tool.qlint]`` (see docs/ci.md) with the command-line flags on
+top; a bare ``qlint`` checks the configured ``models``. Findings then go through rule
+selection, ``per-block-ignores`` and ``# qlint: noqa`` comments, and the baseline.
+Exit codes: 0 when no remaining finding reaches ``--fail-on`` (or ``--exit-zero``,
+or ``--write-baseline``), 1 when one does, 2 when qlint could not run.
+"""
 
 from __future__ import annotations
 
-import json
 import sys
-from typing import Optional
+from pathlib import Path
+from typing import Any, Optional
 
 import click
 
 from qlint.commands import fail_cleanly
 
+FORMATS = ["full", "concise", "json", "sarif", "github", "markdown"]
+
+
+def _codes(values: tuple[str, ...]) -> Optional[list[str]]:
+    """``("QL1,QL2", "QL3")`` -> ``["QL1", "QL2", "QL3"]``; None when not given."""
+    if not values:
+        return None
+    return [code.strip() for value in values for code in value.split(",") if code.strip()]
+
 
 @click.command("check")
 @click.argument("specs", nargs=-1, metavar="SPEC...")
-@click.option("--format", "--output-format", "output_format", type=click.Choice(["full", "json"]), default="full", show_default=True, help="Report format.")
+@click.option("--format", "--output-format", "output_format", type=click.Choice(FORMATS), default=None,
+              help="Report format (default: full, or output-format in [tool.qlint]).")
+@click.option("-o", "--output-file", type=click.Path(dir_okay=False), default=None,
+              help="Write the report to this file instead of stdout.")
+@click.option("--statistics", is_flag=True, help="Print the number of findings per rule instead of the findings.")
+@click.option("--exit-zero", is_flag=True, help="Exit 0 even when findings fail the run (2 still means qlint could not run).")
+@click.option("--fail-on", type=click.Choice(["error", "warning", "info"]), default=None,
+              help="Lowest severity that makes the run fail (default: error).")
+@click.option("--select", multiple=True, metavar="CODES", help="Rule codes or prefixes to enable (comma-separated; replaces the selection).")
+@click.option("--extend-select", multiple=True, metavar="CODES", help="Rule codes or prefixes to enable on top of the selection.")
+@click.option("--ignore", multiple=True, metavar="CODES", help="Rule codes or prefixes to disable.")
+@click.option("--baseline", type=click.Path(dir_okay=False), default=None,
+              help="Report only findings not recorded in this baseline file.")
+@click.option("--write-baseline", type=click.Path(dir_okay=False), default=None,
+              help="Record the current findings in this baseline file and exit 0.")
+@click.option("--config", "config_args", multiple=True, metavar="PATH | KEY=VALUE",
+              help="A config file to use instead of discovery, or an inline TOML override such as \"fail-on = 'warning'\".")
+@click.option("--isolated", is_flag=True, help="Ignore every configuration file.")
 @click.option("--input-shape", "input_shapes", multiple=True, metavar="2,96,7", help="Shape of an example input when the spec gives none (repeatable).")
-@click.option("--input-dtype", default="float32", show_default=True, help="dtype of the --input-shape tensors.")
+@click.option("--input-dtype", default=None, help="dtype of the --input-shape tensors (default: float32).")
 @click.option("--mode", type=click.Choice(["train", "eval"]), default=None, help="Analyse in this mode (default: the model's own).")
 @click.option("--tracer", type=click.Choice(["symbolic_trace", "export", "make_fx"]), default=None, help="Try this tracer first.")
 @click.option("--device", default=None, help="Build and trace on this device, e.g. `meta` (no weights in memory).")
-@click.option("--threshold", type=float, default=1.0, show_default=True, help="Largest certified exponent q.")
+@click.option("--threshold", type=float, default=None, help="Largest certified exponent q (default: 1.0).")
 @click.option("--show-derivation", is_flag=True, help="Print the derivation of every block, not only failing ones.")
 @click.option("--traceback", "show_traceback", is_flag=True, help="Show the Python traceback of a failure.")
 def command(
     specs: tuple[str, ...],
-    output_format: str,
+    output_format: Optional[str],
+    output_file: Optional[str],
+    statistics: bool,
+    exit_zero: bool,
+    fail_on: Optional[str],
+    select: tuple[str, ...],
+    extend_select: tuple[str, ...],
+    ignore: tuple[str, ...],
+    baseline: Optional[str],
+    write_baseline: Optional[str],
+    config_args: tuple[str, ...],
+    isolated: bool,
     input_shapes: tuple[str, ...],
-    input_dtype: str,
+    input_dtype: Optional[str],
     mode: Optional[str],
     tracer: Optional[str],
     device: Optional[str],
-    threshold: float,
+    threshold: Optional[float],
     show_derivation: bool,
     show_traceback: bool,
 ) -> None:
-    """Trace each SPEC (path/model.py:build_model or pkg.module:attr) and certify its blocks."""
-    with fail_cleanly(show_traceback):
-        from qlint.analysis import Options, check
+    """Trace each SPEC (path/model.py:build_model or pkg.module:attr) and certify its blocks.
 
-        if not specs:
-            raise click.UsageError("give at least one SPEC, e.g. `qlint fixtures/mamba.py:native`")
-        options = Options(mode=mode, tracer=tracer, device=device, threshold=threshold, input_shapes=input_shapes, input_dtype=input_dtype)
-        report = check(specs, options)
-    if output_format == "json":
-        click.echo(json.dumps(report.to_dict(), indent=2))
-    else:
+    Without SPEC, checks the `models` listed in [tool.qlint] (pyproject.toml).
+    """
+    with fail_cleanly(show_traceback):
+        from qlint.baseline import BaselineError
+
+        try:
+            config = _configure(
+                specs, config_args, isolated,
+                select=_codes(select), extend_select=_codes(extend_select), ignore=_codes(ignore),
+                fail_on=fail_on, threshold=threshold, mode=mode, tracer=tracer, device=device,
+                input_dtype=input_dtype, input_shapes=list(input_shapes) or None,
+                output_format=output_format, baseline=baseline,
+            )  # fmt: skip
+            report = _analyse(config)
+            if write_baseline is not None:
+                from qlint.baseline import write_baseline as write
+
+                count = write(report, write_baseline)
+                click.echo(f"qlint: wrote {count} finding(s) to {write_baseline}", err=True)
+            elif config.baseline is not None:
+                from qlint.baseline import filter_new
+
+                report = filter_new(report, config.baseline)
+            from qlint.formats import write_output
+
+            _write(report, config.output_format, output_file, statistics, show_derivation, write_output)
+        except BaselineError as exc:
+            click.echo(f"qlint: error: {exc}", err=True)
+            sys.exit(2)
+        except OSError as exc:  # e.g. -o into a folder that does not exist
+            click.echo(f"qlint: error: {exc.strerror or exc}: {exc.filename or ''}".rstrip(": "), err=True)
+            sys.exit(2)
+    if exit_zero or write_baseline is not None:
+        sys.exit(0)
+    sys.exit(1 if any(config.fails(f.severity) for f in report.findings) else 0)
+
+
+def _configure(specs: tuple[str, ...], config_args: tuple[str, ...], isolated: bool, **flags: Any) -> Any:
+    from qlint.config import load_config
+
+    files = [a for a in config_args if not _is_inline(a)]
+    inline = [a for a in config_args if _is_inline(a)]
+    if len(files) > 1:
+        raise click.UsageError("--config PATH may be given once (inline KEY = VALUE overrides may repeat)")
+    config = load_config(Path.cwd(), config_path=files[0] if files else None, isolated=isolated, overrides=inline)
+    config = config.merge_cli(models=list(specs) or None, **flags)
+    if not config.models:
+        raise click.UsageError(
+            "give at least one SPEC, e.g. `qlint fixtures/mamba.py:native`, "
+            "or list them in pyproject.toml: [tool.qlint] models = [...]"
+        )
+    return config
+
+
+def _is_inline(arg: str) -> bool:
+    """``--config`` takes a file, or ``KEY = VALUE`` TOML when no such file exists (as ruff)."""
+    return "=" in arg and not Path(arg).is_file()
+
+
+def _analyse(config: Any) -> Any:
+    from qlint.analysis import Options, load_model, run
+    from qlint.report import Report
+    from qlint.suppress import apply_suppressions
+
+    models = []
+    for spec in config.models:
+        settings = config.options_for(spec)
+        options = Options(
+            mode=settings.mode,
+            tracer=settings.tracer,
+            device=settings.device,
+            threshold=settings.threshold,
+            input_shapes=[",".join(str(d) for d in shape) for shape in settings.input_shapes or ()],
+            input_dtype=settings.input_dtype or "float32",
+        )
+        loaded = load_model(spec, options)
+        _declare_primitives(loaded.model, config.primitives)
+        analysis = run(loaded.model, loaded.inputs, spec=spec, options=options)
+        models.append(apply_suppressions(analysis.report, config))
+    return Report(models)
+
+
+def _declare_primitives(model: Any, declared: dict[str, tuple[float, str]]) -> None:
+    """Register the ``[tool.qlint.primitives]`` classes that occur in ``model``.
+
+    A key ``"pkg.mod.Class"`` names a class by module and qualified name; for a model
+    loaded from a file (``path/mod.py:build``) ``"mod.Class"`` names a class defined
+    in that file.
+    """
+    if not declared:
+        return
+    from qlint.rules.primitives import USER_DECLARED, register
+
+    for cls in {type(m) for m in model.modules()}:
+        if cls in USER_DECLARED:
+            continue
+        for name in _class_names(cls):
+            if name in declared:
+                q, why = declared[name]
+                register(cls, q=q, why=why)
+                break
+
+
+def _class_names(cls: type) -> list[str]:
+    module, qualname = cls.__module__, cls.__qualname__
+    names = [f"{module}.{qualname}"]
+    if module.startswith("qlint_user_"):  # the loader's name for a file: qlint_user_<stem>_<hash>
+        stem = module[len("qlint_user_") :].rpartition("_")[0]
+        names.append(f"{stem}.{qualname}")
+    return names
+
+
+def _write(report: Any, fmt: str, output_file: Optional[str], statistics: bool, show_derivation: bool, write_output: Any) -> None:
+    if fmt == "full" and not statistics:
+        if output_file is not None:
+            from qlint.render import render_full
+
+            Path(output_file).write_text(render_full(report, show_all_derivations=show_derivation), encoding="utf-8")
+            return
         from qlint.render import print_report
 
         print_report(report, show_all_derivations=show_derivation)
-    sys.exit(1 if report.count("error") else 0)
+        return
+    write_output(report, fmt, output_file=output_file, statistics=statistics)
