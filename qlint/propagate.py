@@ -40,10 +40,12 @@ def leading(value: Value) -> Growth:
     return value
 
 
-def describe(node: fx.Node) -> str:
+def describe(node: fx.Node, module: Any = None) -> str:
     """The op of a node in user terms: a module class, a function or a method name."""
     if node.op == "call_module":
-        return f"{type_name(node)}"
+        cls = type(module) if module is not None else None
+        name = f"{cls.__module__}.{cls.__qualname__}" if cls else "module"
+        return f"{name} ({node.target})"
     if node.op == "call_method":
         return f"Tensor.{node.target}"
     target = node.target
@@ -54,15 +56,14 @@ def describe(node: fx.Node) -> str:
     name = getattr(target, "__name__", str(target))
     if module in ("_operator", "operator"):
         return f"operator.{name}"
+    if module.startswith("torch._C"):  # builtins: name them as users write them
+        namespace = module.rsplit("._", 1)[-1]
+        public = _PUBLIC_NAMESPACES.get(namespace, f"torch.{namespace}")
+        return f"{public}.{name.removeprefix(namespace + '_')}"
     return f"{module}.{name}" if module else name
 
 
-def type_name(node: fx.Node) -> str:
-    stack = node.meta.get("nn_module_stack") or {}
-    for path, cls in reversed(list(stack.values())):
-        if path.endswith(str(node.target)) or not node.target:
-            return getattr(cls, "__name__", str(cls).rsplit(".", 1)[-1])
-    return str(node.target)
+_PUBLIC_NAMESPACES = {"nn": "torch.nn.functional", "VariableFunctions": "torch", "C": "torch"}
 
 
 class GrowthInterpreter(fx.Interpreter):
@@ -140,7 +141,7 @@ class GrowthInterpreter(fx.Interpreter):
             if primitive is None:
                 if not dependent:
                     return CONSTANT
-                label = describe(node)
+                label = describe(node, call.module)
                 if self._record:
                     self.unknown[node] = label
                 value = Growth(None, culprit=f"unknown op `{label}`")
