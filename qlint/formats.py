@@ -399,15 +399,15 @@ def render(report: Report, fmt: str, *, statistics: bool = False) -> str:
 
 
 def _render_full(report: Report, stream: IO[str], *, color: Optional[bool], **options: Any) -> None:
+    """The core's rich report (``qlint.render``): coloured on a terminal, plain in a file."""
+    from qlint import render as full
+
+    if color is False:
+        stream.write(full.render_full(report, **options))
+        return
     from rich.console import Console
 
-    from qlint import render as full  # the core's rich renderer
-
-    console = Console(file=stream, force_terminal=color, no_color=color is False, soft_wrap=True)
-    renderer = getattr(full, "print_report", None) or getattr(full, "render_report", None)
-    if renderer is None:
-        raise RuntimeError("qlint.render has no print_report(report, console)")
-    renderer(report, console=console, **options)
+    full.print_report(report, Console(file=stream, force_terminal=color), **options)
 
 
 def write_output(
@@ -421,7 +421,7 @@ def write_output(
     **full_options: Any,
 ) -> None:
     """Write the report in ``fmt`` to ``output_file`` (created/overwritten) or ``stream``
-    (stdout). ``full_options`` go to the rich renderer (e.g. ``traceback``)."""
+    (stdout). ``full_options`` go to the rich renderer (``show_all_derivations``)."""
     if output_file is not None:
         with open(output_file, "w", encoding="utf-8", newline="\n") as handle:
             write_output(report, fmt, statistics=statistics, stream=handle, color=False, **full_options)

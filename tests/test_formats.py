@@ -241,6 +241,11 @@ def test_write_output_to_file_and_stream(repo, capsys):
     assert capsys.readouterr().out == render(report, "concise")
     write_output(report, "full", statistics=True)
     assert "QL101" in capsys.readouterr().out
+    write_output(report, "full", output_file=repo / "full.txt", show_all_derivations=True)
+    text = (repo / "full.txt").read_text()
+    assert "QL101" in text and "pkg/model.py:poly" in text and "\x1b[" not in text
+    write_output(report, "full")
+    assert "pkg/model.py:lipschitz" in capsys.readouterr().out
 
 
 # -- end to end: the check command's output options ---------------------------------

@@ -54,6 +54,7 @@ def _codes(values: tuple[str, ...]) -> Optional[list[str]]:
 @click.option("--device", default=None, help="Build and trace on this device, e.g. `meta` (no weights in memory).")
 @click.option("--threshold", type=float, default=None, help="Largest certified exponent q (default: 1.0).")
 @click.option("--show-derivation", is_flag=True, help="Print the derivation of every block, not only failing ones.")
+@click.option("--show-remedies", is_flag=True, help="Propose changes that certify each failing block, each re-checked (re-analyses per candidate).")
 @click.option("--traceback", "show_traceback", is_flag=True, help="Show the Python traceback of a failure.")
 def command(
     specs: tuple[str, ...],
@@ -76,6 +77,7 @@ def command(
     device: Optional[str],
     threshold: Optional[float],
     show_derivation: bool,
+    show_remedies: bool,
     show_traceback: bool,
 ) -> None:
     """Trace each SPEC (path/model.py:build_model or pkg.module:attr) and certify its blocks.
@@ -93,7 +95,7 @@ def command(
                 input_dtype=input_dtype, input_shapes=list(input_shapes) or None,
                 output_format=output_format, baseline=baseline,
             )  # fmt: skip
-            report = _analyse(config)
+            report = _analyse(config, remedies=show_remedies)
             if write_baseline is not None:
                 from qlint.baseline import write_baseline as write
 
@@ -139,7 +141,7 @@ def _is_inline(arg: str) -> bool:
     return "=" in arg and not Path(arg).is_file()
 
 
-def _analyse(config: Any) -> Any:
+def _analyse(config: Any, *, remedies: bool = False) -> Any:
     from qlint.analysis import Options, load_model, run
     from qlint.report import Report
     from qlint.suppress import apply_suppressions
@@ -154,6 +156,7 @@ def _analyse(config: Any) -> Any:
             threshold=settings.threshold,
             input_shapes=[",".join(str(d) for d in shape) for shape in settings.input_shapes or ()],
             input_dtype=settings.input_dtype or "float32",
+            remedies=remedies,
         )
         loaded = load_model(spec, options)
         _declare_primitives(loaded.model, config.primitives)
@@ -193,14 +196,5 @@ def _class_names(cls: type) -> list[str]:
 
 
 def _write(report: Any, fmt: str, output_file: Optional[str], statistics: bool, show_derivation: bool, write_output: Any) -> None:
-    if fmt == "full" and not statistics:
-        if output_file is not None:
-            from qlint.render import render_full
-
-            Path(output_file).write_text(render_full(report, show_all_derivations=show_derivation), encoding="utf-8")
-            return
-        from qlint.render import print_report
-
-        print_report(report, show_all_derivations=show_derivation)
-        return
-    write_output(report, fmt, output_file=output_file, statistics=statistics)
+    options = {"show_all_derivations": show_derivation} if fmt == "full" else {}
+    write_output(report, fmt, output_file=output_file, statistics=statistics, **options)
