@@ -1,0 +1,488 @@
+"""The experiment grid: datasets × horizons × depths × seeds × backbones × variants.
+
+* Every (backbone, variant, depth) is linted once with ``qlint.analyze`` before any
+  training; the exponent is cached in ``DIR/lint.json`` and written into each run.
+* Finished runs are appended to ``DIR/runs.jsonl`` one JSON line each (flush + fsync),
+  so an interrupted grid resumes: runs whose key (backbone, variant, dataset, horizon,
+  depth, seed) is already there are skipped; a truncated last line is dropped.
+* ``shard=(k, n)`` keeps run *i* of the full, deterministically ordered grid iff
+  ``i % n == k - 1``, so n machines split one grid exactly.
+* ``workers > 1`` runs independent runs in a spawn-context ProcessPoolExecutor (on
+  cuda: at most one process per GPU, each pinned to its own device).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import time
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any, Callable, Iterable, Optional
+
+from qlint.verify.train import KEY_FIELDS, RunConfig, run_key
+
+BACKBONES: dict[str, tuple[str, ...]] = {
+    "mamba": ("free", "rmsnorm", "preln", "periln", "linear"),
+    "patchtst": ("free", "rmsnorm", "preln", "periln"),
+}
+
+
+@dataclass(frozen=True)
+class Scale:
+    """One preset of the grid. ``data=None`` means "the caller must pass --data"."""
+
+    name: str
+    data: Optional[tuple[str, ...]]
+    horizons: tuple[int, ...]
+    depths: tuple[int, ...]
+    seeds: tuple[int, ...]
+    steps: int
+    batch_size: int
+    d_model: dict[str, int]
+    seq_len: int = 96
+    eval_every: int = 100
+    max_eval_windows: int = 512
+    lr: float = 1e-3
+    seeds_by_kind: dict[str, tuple[int, ...]] = field(default_factory=dict)
+    model_kwargs: dict[str, tuple] = field(default_factory=dict)
+
+    def seeds_for(self, data_path: str) -> tuple[int, ...]:
+        from qlint.verify.data import infer_kind
+
+        return self.seeds_by_kind.get(infer_kind(data_path), self.seeds)
+
+
+SCALES: dict[str, Scale] = {
+    # CI: synthetic sines, tiny models, every backbone/variant, depths 3 and 8, a few steps.
+    "smoke": Scale(
+        name="smoke",
+        data=("synthetic:1200:7:0",),
+        horizons=(24,),
+        depths=(3, 8),
+        seeds=(0,),
+        steps=6,
+        batch_size=8,
+        d_model={"mamba": 8, "patchtst": 8},
+        # Linting unrolls the Mamba scan over time (~30 s a model at seq_len 96 on one core);
+        # an 8-step window keeps the 18 lints + 18 runs of CI to ~40 s of CPU.
+        seq_len=8,
+        eval_every=3,
+        max_eval_windows=32,
+        model_kwargs={"patchtst": (("n_heads", 2), ("d_ff", 16), ("patch_len", 4), ("stride", 2))},
+    ),
+    # 2-core CPU, ~1 h: ETTh1, H in {96, 192}, L in {3, 8}, 2 seeds, 200 Adam steps of 16 windows
+    # (a Mamba L=8 step is ~0.4 s on one EPYC core: the scan is a Python loop over 96 steps).
+    "small": Scale(
+        name="small",
+        data=None,  # default: ETTh1 beside the repo (see data.default_data_path)
+        horizons=(96, 192),
+        depths=(3, 8),
+        seeds=(0, 1),
+        steps=200,
+        batch_size=16,
+        d_model={"mamba": 16, "patchtst": 16},
+        eval_every=100,
+        max_eval_windows=384,
+    ),
+    # The paper's grid (GPU): ETTm1 (6 seeds) and Weather (3 seeds), all four horizons.
+    "paper": Scale(
+        name="paper",
+        data=None,  # required: --data ETTm1.csv --data weather.csv
+        horizons=(96, 192, 336, 720),
+        depths=(3, 8),
+        seeds=(0, 1, 2),
+        seeds_by_kind={"ETTm": (0, 1, 2, 3, 4, 5), "ETTh": (0, 1, 2, 3, 4, 5)},
+        steps=10_000,
+        batch_size=32,
+        d_model={"mamba": 128, "patchtst": 128},
+        eval_every=1000,
+        max_eval_windows=0,
+        model_kwargs={"patchtst": (("n_heads", 16), ("d_ff", 256))},
+    ),
+}
+
+
+def build_grid(
+    scale: Scale,
+    data_paths: Iterable[str],
+    *,
+    device: str = "cpu",
+    bf16: bool = False,
+    steps: Optional[int] = None,
+    backbones: Optional[Iterable[str]] = None,
+) -> list[RunConfig]:
+    """The full grid in its canonical order (seed outermost, so a partial grid covers
+    every cell once before any cell twice)."""
+    from qlint.verify.data import dataset_name
+
+    backbones = tuple(backbones or BACKBONES)
+    data_paths = list(data_paths)
+    max_seeds = max(len(scale.seeds_for(p)) for p in data_paths)
+    configs = []
+    for si in range(max_seeds):
+        for path in data_paths:
+            seeds = scale.seeds_for(path)
+            if si >= len(seeds):
+                continue
+            name = "synthetic" if path.startswith("synthetic") else dataset_name(path)
+            for horizon in scale.horizons:
+                for depth in scale.depths:
+                    for backbone in backbones:
+                        for variant in BACKBONES[backbone]:
+                            configs.append(
+                                RunConfig(
+                                    backbone=backbone,
+                                    variant=variant,
+                                    dataset=name,
+                                    data=path,
+                                    horizon=horizon,
+                                    depth=depth,
+                                    seed=seeds[si],
+                                    steps=steps or scale.steps,
+                                    batch_size=scale.batch_size,
+                                    lr=scale.lr,
+                                    d_model=scale.d_model[backbone],
+                                    seq_len=scale.seq_len,
+                                    eval_every=scale.eval_every,
+                                    max_eval_windows=scale.max_eval_windows,
+                                    device=device,
+                                    bf16=bf16,
+                                    model_kwargs=scale.model_kwargs.get(backbone, ()),
+                                )
+                            )
+    return configs
+
+
+def parse_shard(text: Optional[str]) -> tuple[int, int]:
+    """``"k/n"`` -> (k, n) with 1 <= k <= n; None -> (1, 1)."""
+    if not text:
+        return 1, 1
+    try:
+        k, n = (int(p) for p in text.split("/"))
+    except ValueError:
+        raise ValueError(f"--shard must look like k/n, got {text!r}") from None
+    if not 1 <= k <= n:
+        raise ValueError(f"--shard k/n needs 1 <= k <= n, got {text!r}")
+    return k, n
+
+
+def shard(configs: list, k: int, n: int) -> list:
+    """Run i of the full grid belongs to shard k iff i % n == k - 1."""
+    return [c for i, c in enumerate(configs) if i % n == k - 1]
+
+
+# ---------------------------------------------------------------- runs.jsonl
+
+
+def read_runs(path: str | os.PathLike) -> list[dict[str, Any]]:
+    """Every well-formed record of a runs.jsonl (a truncated or corrupt line is skipped)."""
+    path = Path(path)
+    if not path.exists():
+        return []
+    out = []
+    with open(path, encoding="utf-8") as fh:
+        for line in fh:
+            line = line.strip()
+            if not line:
+                continue
+            try:
+                rec = json.loads(line)
+            except json.JSONDecodeError:
+                continue
+            if isinstance(rec, dict) and all(k in rec for k in KEY_FIELDS):
+                out.append(rec)
+    return out
+
+
+def done_keys(path: str | os.PathLike) -> set[tuple]:
+    return {run_key(r) for r in read_runs(path)}
+
+
+def repair_tail(path: str | os.PathLike) -> None:
+    """Drop a partial last line (a run killed mid-write) so appends start on a fresh line."""
+    path = Path(path)
+    if not path.exists():
+        return
+    data = path.read_bytes()
+    if data and not data.endswith(b"\n"):
+        cut = data.rfind(b"\n") + 1
+        with open(path, "r+b") as fh:
+            fh.truncate(cut)
+
+
+def append_run(path: str | os.PathLike, record: dict[str, Any]) -> None:
+    """Append one JSON line and make it durable (flush + fsync)."""
+    line = json.dumps(record, sort_keys=False, allow_nan=False)
+    with open(path, "a", encoding="utf-8") as fh:
+        fh.write(line + "\n")
+        fh.flush()
+        os.fsync(fh.fileno())
+
+
+# ---------------------------------------------------------------------- lint
+
+
+def _lint_key(cfg: RunConfig) -> str:
+    return f"{cfg.backbone}/{cfg.variant}/L{cfg.depth}/d{cfg.d_model}"
+
+
+def lint_config(cfg: RunConfig, n_vars: int) -> dict[str, Any]:
+    """``qlint.analyze`` on the model of ``cfg`` (once per backbone × variant × depth)."""
+    import torch
+
+    import qlint
+    from qlint.verify.train import build_model
+
+    torch.manual_seed(0)
+    model = build_model(
+        cfg.backbone,
+        cfg.variant,
+        n_vars=n_vars,
+        seq_len=cfg.seq_len,
+        horizon=cfg.horizon,
+        d_model=cfg.d_model,
+        depth=cfg.depth,
+        **dict(cfg.model_kwargs),
+    )
+    model.eval()
+    inputs = (torch.randn(2, cfg.seq_len, n_vars),)
+    report = qlint.analyze(model, inputs)
+    q = report.max_q
+    return {
+        "q": None if q is None or (isinstance(q, float) and math.isinf(q)) else float(q),
+        "verdict": report.verdict,
+        "block_q": [None if b.q is None or math.isinf(b.q) else float(b.q) for b in report.blocks],
+    }
+
+
+def lint_all(
+    configs: list[RunConfig],
+    cache_path: str | os.PathLike,
+    n_vars_of: Callable[[str], int],
+    log: Callable[[str], None] = print,
+) -> dict[str, dict[str, Any]]:
+    """Lint every distinct (backbone, variant, depth, d_model) of ``configs``; cached on disk.
+
+    A failing lint (e.g. ``qlint.analyze`` unavailable) is recorded as ``q = None`` with
+    the error, and retried on the next invocation.
+    """
+    cache_path = Path(cache_path)
+    cache: dict[str, dict[str, Any]] = {}
+    if cache_path.exists():
+        try:
+            cache = json.loads(cache_path.read_text())
+        except json.JSONDecodeError:
+            cache = {}
+    changed = False
+    for cfg in configs:
+        key = _lint_key(cfg)
+        if key in cache and cache[key].get("q") is not None:
+            continue
+        if key in cache and cache[key].get("_tried_this_call"):
+            continue
+        t0 = time.perf_counter()
+        try:
+            entry = lint_config(cfg, n_vars_of(cfg.data))
+            entry["seconds"] = round(time.perf_counter() - t0, 2)
+            log(f"lint {key}: q = {_fmt_q(entry['q'])} ({entry['verdict']}) [{entry['seconds']:.1f}s]")
+        except Exception as exc:  # noqa: BLE001 - the grid must go on; q stays unknown
+            entry = {"q": None, "verdict": None, "error": f"{type(exc).__name__}: {exc}"[:500]}
+            log(f"lint {key}: FAILED ({entry['error'][:120]})")
+        entry["_tried_this_call"] = True
+        cache[key] = entry
+        changed = True
+    for entry in cache.values():
+        entry.pop("_tried_this_call", None)
+    if changed:
+        cache_path.parent.mkdir(parents=True, exist_ok=True)
+        cache_path.write_text(json.dumps(cache, indent=1, sort_keys=True) + "\n")
+    return cache
+
+
+def _fmt_q(q) -> str:
+    if q is None:
+        return "?"
+    return f"{q:g}"
+
+
+# ---------------------------------------------------------------------- workers
+
+_WORKER_DEVICE: Optional[str] = None
+
+
+def _worker_init(gpu_queue, threads: int) -> None:
+    """Spawned-worker setup: pin a GPU (one per process) and the CPU thread count."""
+    global _WORKER_DEVICE
+    import torch
+
+    if threads:
+        torch.set_num_threads(threads)
+    if gpu_queue is not None:
+        idx = gpu_queue.get()
+        torch.cuda.set_device(idx)
+        _WORKER_DEVICE = f"cuda:{idx}"
+
+
+def _worker_run(cfg: RunConfig) -> dict[str, Any]:
+    from qlint.verify.train import train_run
+
+    if _WORKER_DEVICE is not None and cfg.device.startswith("cuda"):
+        cfg = replace(cfg, device=_WORKER_DEVICE)
+    return train_run(cfg)
+
+
+def run_grid(
+    configs: list[RunConfig],
+    out_dir: str | os.PathLike,
+    *,
+    workers: int = 1,
+    threads: int = 0,
+    scale_name: str = "",
+    progress: bool = True,
+    log: Callable[[str], None] = print,
+    run_fn: Optional[Callable[[RunConfig], dict]] = None,
+) -> list[dict[str, Any]]:
+    """Run every config whose key is not yet in ``out_dir/runs.jsonl``; return the new records.
+
+    ``run_fn`` (default :func:`qlint.verify.train.train_run`) is replaceable for tests; it
+    is only used in-process (``workers == 1``).
+    """
+    from qlint.verify.data import load_dataset
+    from qlint.verify.train import resolve_device, train_run
+
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    runs_path = out / "runs.jsonl"
+    repair_tail(runs_path)
+    done = done_keys(runs_path)
+    todo = [c for c in configs if c.key not in done]
+    log(f"grid: {len(configs)} runs in this shard, {len(configs) - len(todo)} already done, {len(todo)} to run")
+    if not todo:
+        return []
+
+    lint = lint_all(todo, out / "lint.json", lambda p: load_dataset(p, todo[0].seq_len).n_vars, log)
+
+    device = resolve_device(todo[0].device)
+    todo = [replace(c, device=device) for c in todo]
+    gpu_ids: list[int] = []
+    if device.startswith("cuda") and workers > 1:
+        import torch
+
+        gpu_ids = list(range(torch.cuda.device_count()))
+        workers = max(1, min(workers, len(gpu_ids)))
+    if workers <= 1 and (threads or device == "cpu"):
+        import torch
+
+        # These models are tiny: intra-op threads barely help and thrash on a shared
+        # CPU, so a CPU run uses one thread unless --threads says otherwise.
+        torch.set_num_threads(threads or 1)
+
+    retries: dict[str, int] = {}
+
+    def finish(cfg: RunConfig, rec: dict[str, Any]) -> dict[str, Any]:
+        key = _lint_key(cfg)
+        if lint.get(key, {}).get("q") is None and retries.get(key, 0) < 2:
+            # the lint failed before training (e.g. qlint's core mid-edit): try again
+            retries[key] = retries.get(key, 0) + 1
+            lint.update(lint_all([cfg], out / "lint.json", lambda p: load_dataset(p, cfg.seq_len).n_vars, log))
+        entry = lint.get(key, {})
+        full = {k: rec[k] for k in ("backbone", "variant")}
+        full["q"] = entry.get("q")
+        full.update({k: v for k, v in rec.items() if k not in full})
+        full["verdict"] = entry.get("verdict")
+        full["scale"] = scale_name
+        full["steps_budget"] = cfg.steps
+        append_run(runs_path, full)
+        return full
+
+    def describe(rec: dict[str, Any]) -> str:
+        mse = rec.get("val_mse")
+        return (
+            f"{rec['backbone']}/{rec['variant']} q={_fmt_q(rec.get('q'))} {rec['dataset']} "
+            f"H={rec['horizon']} L={rec['depth']} seed={rec['seed']}: "
+            f"val {mse if mse is None else f'{mse:.4f}'} "
+            f"{'BLEW UP (' + rec['blowup_reason'] + ')' if rec['blew_up'] else 'ok'} "
+            f"[{rec['seconds']:.1f}s]"
+        )
+
+    results: list[dict[str, Any]] = []
+    bar = _Progress(len(todo), enabled=progress, log=log)
+    with bar:
+        if workers <= 1:
+            fn = run_fn or train_run
+            for cfg in todo:
+                rec = finish(cfg, fn(cfg))
+                results.append(rec)
+                bar.advance(describe(rec))
+        else:
+            import concurrent.futures as cf
+            import multiprocessing as mp
+
+            ctx = mp.get_context("spawn")
+            gpu_queue = None
+            if gpu_ids:
+                gpu_queue = ctx.Queue()
+                for i in gpu_ids[:workers]:
+                    gpu_queue.put(i)
+            per_worker = threads or (1 if device == "cpu" else max(1, (os.cpu_count() or 1) // workers))
+            with cf.ProcessPoolExecutor(
+                max_workers=workers,
+                mp_context=ctx,
+                initializer=_worker_init,
+                initargs=(gpu_queue, per_worker),
+            ) as pool:
+                futures = {pool.submit(_worker_run, cfg): cfg for cfg in todo}
+                for fut in cf.as_completed(futures):
+                    rec = finish(futures[fut], fut.result())
+                    results.append(rec)
+                    bar.advance(describe(rec))
+    return results
+
+
+class _Progress:
+    """A rich progress bar (live on a terminal; one log line per run otherwise)."""
+
+    def __init__(self, total: int, enabled: bool = True, log: Callable[[str], None] = print):
+        self.total = total
+        self.enabled = enabled
+        self.log = log
+        self._progress = None
+
+    def __enter__(self):
+        if self.enabled:
+            from rich.console import Console
+            from rich.progress import (
+                BarColumn,
+                MofNCompleteColumn,
+                Progress,
+                TextColumn,
+                TimeElapsedColumn,
+                TimeRemainingColumn,
+            )
+
+            self._console = Console(stderr=True)
+            self._progress = Progress(
+                TextColumn("[bold]verify grid"),
+                BarColumn(),
+                MofNCompleteColumn(),
+                TimeElapsedColumn(),
+                TimeRemainingColumn(),
+                console=self._console,
+            )
+            self._progress.__enter__()
+            self._task = self._progress.add_task("runs", total=self.total)
+        return self
+
+    def advance(self, message: str) -> None:
+        if self._progress is not None:
+            self._progress.console.log(message)
+            self._progress.advance(self._task)
+        else:
+            self.log(message)
+
+    def __exit__(self, *exc):
+        if self._progress is not None:
+            self._progress.__exit__(*exc)
+        return False

@@ -1,0 +1,373 @@
+"""Tests for ``qlint verify``: data protocol, blow-up rule, resume, shards, tables, figures, CLI."""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from qlint.verify import data as D
+from qlint.verify import grid as G
+from qlint.verify import tables as T
+from qlint.verify.figures import BF16_MAX, FP16_MAX, FP32_MAX, overflow_depth
+from qlint.verify.train import BLOWUP_FACTOR, RunConfig, classify_blowup, run_key
+
+REPO = Path(__file__).resolve().parents[1]
+ETTH1 = REPO.parent / "shared" / "data" / "ETT-small" / "ETTh1.csv"
+
+
+# ------------------------------------------------------------------ data
+
+
+@pytest.mark.skipif(not ETTH1.exists(), reason="../shared/data is absent")
+def test_etth1_split_protocol():
+    d = D.load_dataset(str(ETTH1), 96)
+    assert d.kind == "ETTh" and d.name == "ETTh1" and d.n_vars == 7
+    assert d.columns == ["HUFL", "HULL", "MUFL", "MULL", "LUFL", "LULL", "OT"]
+    # train 8640, val 2880, test 2880 rows; val/test windows start seq_len rows early
+    assert d.borders == [(0, 8640), (8640 - 96, 11520), (11520 - 96, 14400)]
+    assert (len(d.train), len(d.val), len(d.test)) == (8640, 2880 + 96, 2880 + 96)
+    assert d.n_windows("test", 96) == 2785  # the standard ETTh1 test-set size at H=96
+    assert d.n_windows("test", 720) == 2161
+    # the first target row of the test split is row 11520 of the file
+    _, raw = D.read_csv(ETTH1)
+    first_target = d.test[96] * d.std + d.mean
+    np.testing.assert_allclose(first_target, raw[11520], rtol=1e-4, atol=1e-4)
+    np.testing.assert_allclose(d.train.mean(0), 0, atol=1e-4)
+    np.testing.assert_allclose(d.train.std(0), 1, atol=1e-4)
+
+
+def test_split_borders_all_kinds():
+    assert D.split_borders("ETTm", 69680, 96) == [(0, 34560), (34560 - 96, 46080), (46080 - 96, 57600)]
+    n = 52696  # Weather
+    b = D.split_borders("custom", n, 96)
+    n_train, n_test = int(n * 0.7), int(n * 0.2)
+    assert b == [(0, n_train), (n_train - 96, n - n_test), (n - n_test - 96, n)]
+    with pytest.raises(ValueError):
+        D.split_borders("ETTh", 1000, 96)
+    assert D.infer_kind("x/ETTh2.csv") == "ETTh"
+    assert D.infer_kind("ETTm1.csv") == "ETTm"
+    assert D.infer_kind("weather.csv") == "custom"
+
+
+def test_synthetic_csv_roundtrip_and_zscore_train_only(tmp_path):
+    raw = D.synthetic_series(1000, 3, seed=1)
+    assert raw.shape == (1000, 3) and raw.dtype == np.float32
+    np.testing.assert_array_equal(raw, D.synthetic_series(1000, 3, seed=1))
+    assert not np.allclose(raw, D.synthetic_series(1000, 3, seed=2))
+    # make val/test wildly different: the z-score must not see them
+    raw[700:] += 100.0
+    path = tmp_path / "mydata.csv"
+    D.write_csv(path, raw, ["a", "b", "c"])
+    d = D.load_dataset(str(path), 24)
+    assert d.kind == "custom" and d.columns == ["a", "b", "c"]
+    assert d.borders == [(0, 700), (700 - 24, 800), (800 - 24, 1000)]
+    assert (len(d.train), len(d.val), len(d.test)) == (700, 124, 224)
+    train = raw[:700].astype(np.float64)
+    np.testing.assert_allclose(d.mean, train.mean(0), rtol=1e-5)
+    np.testing.assert_allclose(d.std, train.std(0), rtol=1e-5)
+    np.testing.assert_allclose(d.train.mean(0), 0, atol=1e-4)
+    assert d.test[24:].mean() > 10  # shifted data stays shifted: stats came from train only
+
+
+def test_batch_windows():
+    import torch
+
+    series = torch.arange(20.0).reshape(10, 2)
+    x, y = D.batch_windows(series, [0, 3], 4, 2)
+    assert x.shape == (2, 4, 2) and y.shape == (2, 2, 2)
+    assert x[1, 0, 0] == 6.0 and y[1, 0, 0] == 14.0
+
+
+def test_default_data_path(monkeypatch, tmp_path):
+    f = tmp_path / "ETTh1.csv"
+    f.write_text("date,a\n")
+    monkeypatch.setenv("QLINT_DATA", str(f))
+    assert D.default_data_path() == str(f)
+    monkeypatch.setenv("QLINT_DATA", str(tmp_path / "missing.csv"))
+    assert D.default_data_path() is None
+    monkeypatch.delenv("QLINT_DATA")
+    assert D.default_data_path() == (str(ETTH1.resolve()) if ETTH1.exists() else None)
+
+
+# ------------------------------------------------------------------ blow-ups
+
+
+def test_blowup_classification():
+    assert BLOWUP_FACTOR == 1e3
+    assert classify_blowup([0.9, 0.5], 0.4) == (False, "")
+    assert classify_blowup([0.9, float("nan")], 0.4)[0]
+    assert classify_blowup([float("inf")], 0.4)[0]
+    assert classify_blowup([0.9], float("nan"))[0]
+    assert classify_blowup([], None)[0]
+    assert classify_blowup([], 999.0) == (False, "")
+    blew, why = classify_blowup([], 1001.0)
+    assert blew and "1e+03" in why
+
+
+def test_fast_scan_matches_zoo_scan():
+    torch = pytest.importorskip("torch")
+    from qlint.verify.train import scan_unbind, use_fast_scan
+    from qlint.zoo import mamba
+
+    g = torch.Generator().manual_seed(0)
+    args = [torch.rand(2, 12, 6, 4, generator=g, requires_grad=True),
+            torch.randn(2, 12, 6, 4, generator=g, requires_grad=True),
+            torch.randn(2, 12, 4, generator=g, requires_grad=True)]
+    ref = mamba.MambaMixer.scan(*args)
+    (ref.square().sum()).backward()
+    grads = [a.grad.clone() for a in args]
+    for a in args:
+        a.grad = None
+    out = scan_unbind(*args)
+    (out.square().sum()).backward()
+    assert torch.equal(ref, out)
+    for a, gref in zip(args, grads):
+        assert torch.equal(a.grad, gref)
+    model = mamba.build("free", n_vars=3, seq_len=8, horizon=4, d_model=8, depth=2)
+    x = torch.randn(2, 8, 3)
+    before = model(x)
+    assert use_fast_scan(model) == 2
+    assert torch.equal(model(x), before)
+
+
+# ------------------------------------------------------------------ grid, resume, shards
+
+
+def _tiny_grid():
+    sc = G.SCALES["smoke"]
+    return G.build_grid(sc, ["synthetic:600:3:0"], device="cpu")
+
+
+def test_grid_shape_and_shards():
+    configs = _tiny_grid()
+    sc = G.SCALES["smoke"]
+    n_variants = sum(len(v) for v in G.BACKBONES.values())
+    assert len(configs) == n_variants * len(sc.depths) * len(sc.horizons) * len(sc.seeds)
+    keys = [c.key for c in configs]
+    assert len(set(keys)) == len(keys)
+    for n in (1, 2, 3, 5, 7):
+        parts = [G.shard(configs, k, n) for k in range(1, n + 1)]
+        flat = [c.key for p in parts for c in p]
+        assert sorted(flat) == sorted(keys)  # every run exactly once
+        assert len(flat) == len(set(flat))
+        for k, p in enumerate(parts, 1):
+            assert [c.key for c in p] == [c.key for i, c in enumerate(configs) if i % n == k - 1]
+    assert G.parse_shard("2/3") == (2, 3) and G.parse_shard(None) == (1, 1)
+    for bad in ("0/3", "4/3", "x", "1/0"):
+        with pytest.raises(ValueError):
+            G.parse_shard(bad)
+
+
+def test_paper_scale_seeds():
+    sc = G.SCALES["paper"]
+    configs = G.build_grid(sc, ["/d/ETTm1.csv", "/d/weather.csv"])
+    per = {}
+    for c in configs:
+        per.setdefault((c.dataset, c.backbone, c.variant), set()).add((c.horizon, c.depth, c.seed))
+    assert len(per[("ETTm1", "mamba", "free")]) == 4 * 2 * 6  # 24 runs per depth, as in the paper
+    assert len(per[("weather", "mamba", "free")]) == 4 * 2 * 3  # 12 runs per depth
+
+
+def _fake_run(log):
+    def run(cfg: RunConfig) -> dict:
+        log.append(cfg.key)
+        return {
+            "backbone": cfg.backbone, "variant": cfg.variant, "dataset": cfg.dataset,
+            "horizon": cfg.horizon, "depth": cfg.depth, "seed": cfg.seed,
+            "val_mse": 0.5, "test_mse": 0.6, "blew_up": False, "blowup_reason": "",
+            "steps": cfg.steps, "seconds": 0.0, "device": "cpu", "d_model": cfg.d_model,
+        }
+    return run
+
+
+@pytest.fixture
+def no_lint(monkeypatch):
+    monkeypatch.setattr(G, "lint_config", lambda cfg, n_vars: {"q": 1.0, "verdict": "certified", "block_q": []})
+
+
+def test_resume_runs_exactly_the_missing_keys(tmp_path, no_lint):
+    configs = _tiny_grid()
+    first: list = []
+    G.run_grid(configs[:7], tmp_path, progress=False, log=lambda m: None, run_fn=_fake_run(first))
+    assert first == [c.key for c in configs[:7]]
+    # simulate a kill mid-write: a truncated 8th line
+    with open(tmp_path / "runs.jsonl", "a") as fh:
+        fh.write('{"backbone": "mamba", "variant": "fr')
+    assert len(G.read_runs(tmp_path / "runs.jsonl")) == 7
+    second: list = []
+    G.run_grid(configs, tmp_path, progress=False, log=lambda m: None, run_fn=_fake_run(second))
+    assert second == [c.key for c in configs[7:]]
+    recs = G.read_runs(tmp_path / "runs.jsonl")
+    assert sorted(run_key(r) for r in recs) == sorted(c.key for c in configs)
+    assert all(r["q"] == 1.0 for r in recs)
+    for line in (tmp_path / "runs.jsonl").read_text().splitlines():
+        json.loads(line)  # the truncated line is gone, every line parses
+    third: list = []
+    assert G.run_grid(configs, tmp_path, progress=False, log=lambda m: None, run_fn=_fake_run(third)) == []
+    assert third == []
+
+
+def test_lint_cached_once_per_config(tmp_path, monkeypatch):
+    calls = []
+
+    def fake(cfg, n_vars):
+        calls.append((cfg.backbone, cfg.variant, cfg.depth))
+        return {"q": 5.0 if cfg.variant == "free" and cfg.backbone == "mamba" else 0.0, "verdict": "x", "block_q": []}
+
+    monkeypatch.setattr(G, "lint_config", fake)
+    configs = G.build_grid(G.SCALES["smoke"], ["synthetic:600:3:0"]) * 2
+    G.lint_all(configs, tmp_path / "lint.json", lambda p: 3, log=lambda m: None)
+    assert len(calls) == len(set(calls)) == 18
+    G.lint_all(configs, tmp_path / "lint.json", lambda p: 3, log=lambda m: None)
+    assert len(calls) == 18  # read from lint.json
+
+
+def test_real_train_run_tiny():
+    from qlint.verify.train import train_run
+
+    cfg = RunConfig("patchtst", "free", "synthetic", "synthetic:600:3:0", horizon=8, depth=1, seed=0,
+                    steps=3, batch_size=4, d_model=8, seq_len=16, eval_every=2, max_eval_windows=8,
+                    model_kwargs=(("n_heads", 2), ("d_ff", 8)))
+    rec = train_run(cfg)
+    assert rec["steps"] == 3 and not rec["blew_up"] and math.isfinite(rec["val_mse"])
+    assert len(rec["val_history"]) == 1
+    cfg2 = RunConfig("mamba", "free", "synthetic", "synthetic:600:3:0", horizon=8, depth=1, seed=0,
+                     steps=2, batch_size=4, d_model=8, seq_len=16, eval_every=0, max_eval_windows=8,
+                     lr=1e12)
+    rec2 = train_run(cfg2)  # an absurd learning rate diverges: caught and classified, no crash
+    assert rec2["blew_up"] and rec2["blowup_reason"]
+    assert rec2["test_mse"] is None or rec2["test_mse"] > BLOWUP_FACTOR
+    json.dumps(rec2, allow_nan=False)
+
+
+# ------------------------------------------------------------------ tables
+
+
+def _rec(backbone, variant, q, dataset, horizon, depth, seed, blew, mse=0.5):
+    return {"backbone": backbone, "variant": variant, "q": q, "dataset": dataset, "horizon": horizon,
+            "depth": depth, "seed": seed, "val_mse": None if blew else mse, "test_mse": None if blew else mse,
+            "blew_up": blew, "steps": 10, "seconds": 1.0, "device": "cpu", "d_model": 16}
+
+
+def _synthetic_runs():
+    runs = []
+    for ds in ("ETTm1", "weather"):
+        for h in (96, 192):
+            for depth in (3, 8):
+                for seed in range(3):
+                    runs.append(_rec("mamba", "free", 5.0, ds, h, depth, seed, blew=(depth == 8 or seed == 0), mse=0.6))
+                    runs.append(_rec("mamba", "rmsnorm", 0.0, ds, h, depth, seed, False, 0.5))
+                    runs.append(_rec("patchtst", "free", 1.0, ds, h, depth, seed, False, 0.4))
+    return runs
+
+
+def test_table2_layout(tmp_path):
+    runs = _synthetic_runs()
+    header, rows = T.table2(runs)
+    assert header == ["Backbone", "Variant", "q", "L", "ETTm1 H96", "ETTm1 H192", "weather H96", "weather H192", "Σ"]
+    assert [r[:4] for r in rows] == [
+        ["Mamba", "free velocity", "5", "3"],
+        ["Mamba", "free velocity", "5", "8"],
+        ["Mamba", "RMSNorm", "0", "3"],
+        ["Mamba", "RMSNorm", "0", "8"],
+        ["PatchTST", "free velocity", "1", "3"],
+        ["PatchTST", "free velocity", "1", "8"],
+    ]
+    assert rows[0][4:] == ["1/3", "1/3", "1/3", "1/3", "4/12"]
+    assert rows[1][4:] == ["3/3", "3/3", "3/3", "3/3", "12/12"]
+    assert rows[2][4:] == ["0/3"] * 4 + ["0/12"]
+    lines = T.summary_lines(runs)
+    assert lines[0] == "Mamba free velocity: q=5, blew up 16/24 (67%; L=3: 4/12, L=8: 12/12)"
+    checks = T.pattern_check(runs)
+    assert checks[0].startswith("q <= 1 variants: 0/48") and "holds" in checks[0]
+    assert "rises with depth (L=3 -> L=8): yes" in checks[-1]
+    # files
+    with open(tmp_path / "runs.jsonl", "w") as fh:
+        for r in runs:
+            fh.write(json.dumps(r) + "\n")
+    md = T.write_tables(tmp_path)
+    assert "| Mamba | free velocity | 5 | 8 | 3/3 | 3/3 | 3/3 | 3/3 | 12/12 |" in md
+    csv_text = (tmp_path / "table2.csv").read_text().splitlines()
+    assert csv_text[0] == "Backbone,Variant,q,L,ETTm1 H96,ETTm1 H192,weather H96,weather H192,Σ"
+    assert csv_text[2] == "Mamba,free velocity,5,8,3/3,3/3,3/3,3/3,12/12"
+    dev = T.deviations(runs)
+    cell = dev[("mamba", "ETTm1", 96, 3)]
+    assert cell["free"]["blown"] == 1 and cell["rmsnorm"]["dev_pct"] == pytest.approx(-100 * 0.1 / 1.1)
+    assert dev[("mamba", "ETTm1", 96, 8)]["free"]["dev_pct"] is None  # all seeds blew up
+
+
+def test_figures_write(tmp_path):
+    pytest.importorskip("matplotlib")
+    from qlint.verify.figures import figure1, write_figures
+
+    with open(tmp_path / "runs.jsonl", "w") as fh:
+        for r in _synthetic_runs():
+            fh.write(json.dumps(r) + "\n")
+    written = write_figures(tmp_path)
+    assert [p.name for p in written] == ["figure3_mamba.png", "figure4_patchtst.png"]
+    depths = figure1(tmp_path / "f1.png", cs=(1.0,))
+    assert (tmp_path / "f1.png").stat().st_size > 1000
+    assert depths[(1.0, 1.0, "fp16")] == 16 and depths[(1.0, 5.0, "fp16")] == 3
+
+
+# ------------------------------------------------------------------ figure 1
+
+
+def test_overflow_depth():
+    assert overflow_depth(1, 1, 1, FP16_MAX) == 16  # 2**16 = 65536 > 65504 >= 2**15
+    assert overflow_depth(1, 1, 1, FP32_MAX) == 128  # 2**128 > 3.4028e38 > 2**127
+    assert overflow_depth(1, 1, 1, BF16_MAX) == 128
+    assert overflow_depth(1, 1, 1, 65536.0) == 17  # strictly greater: 2**16 does not exceed 2**16
+    # q = 2: 1, 2, 6, 42, 1806, 3263442 -> first > 65504 at D = 5
+    assert overflow_depth(2, 1, 1, FP16_MAX) == 5
+    # q = 5: 1, 2, 34, 45435458 -> D = 3
+    assert overflow_depth(5, 1, 1, FP16_MAX) == 3
+    assert overflow_depth(0.5, 1, 1, FP32_MAX, max_depth=1000) is None
+    d = overflow_depth(0.5, 1, 1, FP16_MAX)
+    assert d is not None and 400 < d < 600  # r_k ~ k^2 / 4
+    assert overflow_depth(1, 1, 1e5, FP16_MAX) == 0
+    assert FP32_MAX == float(np.finfo(np.float32).max) and FP16_MAX == float(np.finfo(np.float16).max)
+    assert BF16_MAX == pytest.approx(3.3895e38, rel=1e-4)
+
+
+# ------------------------------------------------------------------ CLI
+
+
+def test_cli_smoke_grid(tmp_path):
+    """The whole smoke grid through the CLI (real lint + training): measured ~40-60 s on 2 cores."""
+    from click.testing import CliRunner
+
+    from qlint.cli import main
+
+    out = tmp_path / "smoke"
+    t0 = time.perf_counter()
+    result = CliRunner().invoke(main, ["verify", "grid", "--scale", "smoke", "--out", str(out)])
+    elapsed = time.perf_counter() - t0
+    assert result.exit_code == 0, result.output + repr(result.exception)
+    for name in ("runs.jsonl", "table2.md", "table2.csv", "lint.json"):
+        assert (out / name).exists(), name
+    recs = G.read_runs(out / "runs.jsonl")
+    assert len(recs) == 18
+    assert {r["backbone"] for r in recs} == {"mamba", "patchtst"}
+    assert {r["depth"] for r in recs} == set(G.SCALES["smoke"].depths)
+    for key in ("backbone", "variant", "q", "dataset", "horizon", "depth", "seed", "val_mse",
+                "test_mse", "blew_up", "steps", "seconds", "device"):
+        assert key in recs[0]
+    assert "| Mamba | free velocity |" in (out / "table2.md").read_text()
+    print(f"smoke grid: {elapsed:.1f}s")
+
+
+def test_cli_figure1(tmp_path):
+    pytest.importorskip("matplotlib")
+    from click.testing import CliRunner
+
+    from qlint.cli import main
+
+    result = CliRunner().invoke(main, ["verify", "figure1", "--out", str(tmp_path / "f.png")])
+    assert result.exit_code == 0, result.output
+    assert "c=1 q=1: overflows fp16 at D=16, bf16 at D=128, fp32 at D=128" in result.output
