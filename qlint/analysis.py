@@ -37,6 +37,7 @@ class Options:
     threshold: float = 1.0
     input_shapes: Sequence[str] = ()
     input_dtype: str = "float32"
+    remedies: bool = False  # propose re-checked remedies for failing blocks (re-analyses per candidate)
 
 
 @dataclass
@@ -71,15 +72,22 @@ def analyze(
     return run(model, example_inputs, spec=spec or type(model).__name__, options=options).report
 
 
-def run(model: torch.nn.Module, inputs: Optional[tuple], *, spec: str, options: Options) -> Analysis:
-    """Trace and analyse one model (raises TraceFailure when no tracer succeeds)."""
+def run(
+    model: torch.nn.Module, inputs: Optional[tuple], *, spec: str, options: Options, traced: Optional[TracedGraph] = None
+) -> Analysis:
+    """Trace and analyse one model (raises TraceFailure when no tracer succeeds).
+
+    ``traced`` analyses that graph of ``model`` as it is, without tracing: remedies
+    re-check an edited copy whose nodes keep their module paths.
+    """
     load_registry()
     rule_checks.load_all()
     if options.mode is not None:
         model.train(options.mode == "train")
     mode = "train" if model.training else "eval"
     inputs = _on_model_device(model, inputs)
-    traced = capture(model, inputs, prefer=options.tracer, leaf_classes=tuple(USER_DECLARED))
+    if traced is None:
+        traced = capture(model, inputs, prefer=options.tracer, leaf_classes=tuple(USER_DECLARED))
     interpreter = GrowthInterpreter(traced.module, REGISTRY, training=model.training)
     residual_blocks = find_blocks(traced.graph, root_name=type(model).__name__)
     blocks, envs = [], {}
@@ -94,6 +102,10 @@ def run(model: torch.nn.Module, inputs: Optional[tuple], *, spec: str, options: 
     analysis = Analysis(model, inputs, traced, interpreter, residual_blocks, envs, report, options)
     for code, check in rule_checks.CHECKS.items():
         report.findings.extend(check(analysis))
+    if options.remedies:
+        from qlint.remedies import attach
+
+        attach(analysis)
     return analysis
 
 
@@ -239,7 +251,7 @@ def _block_findings(block: Block, threshold: float) -> list[Finding]:
             Finding(
                 "QL101",
                 "error",
-                f"block `{block.name}` is supercritical: q = {algebra.format_q(block.q)} > {threshold:g} (dominant: {block.dominant}{_step_source(block)})",
+                f"block `{block.name}` is supercritical: q = {algebra.format_q(block.q)} > {threshold:g} (dominant: {block.dominant}{_step_source(block)}); run with --show-remedies for fixes qlint has re-checked",
                 block.name,
                 block.source,
             )

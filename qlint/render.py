@@ -10,7 +10,7 @@ from rich.table import Table
 from rich.text import Text
 
 from qlint.algebra import format_q
-from qlint.report import Block, DerivationStep, ModelReport, Report
+from qlint.report import Block, DerivationStep, ModelReport, Report, Source
 
 STATUS_STYLE = {"ok": "green", "supercritical": "bold red", "uncertified": "bold yellow"}
 SEVERITY_STYLE = {"error": "bold red", "warning": "yellow", "info": "cyan"}
@@ -60,6 +60,29 @@ def derivation_text(block: Block) -> Text:
     return text
 
 
+def remedies_text(block: Block) -> Text:
+    """The re-checked remedies of a failing block (``--show-remedies``), best first."""
+    remedies = block.extra["remedies"]
+    text = Text()
+    if not remedies:
+        text.append(f"no remedy qlint tried certifies {block.name}\n", style="yellow")
+        return text
+    text.append(f"remedies for {block.name} (each re-checked on the changed graph):\n", style="bold")
+    for remedy in remedies:
+        source = remedy["source"]
+        where = f" @ {source['file']}:{source['line']}" if source else ""
+        text.append(f"  remedy ({remedy['kind']}) → q = {format_q(remedy['q_after'])}, +{remedy['new_params']} params: ", style="bold")
+        text.append(f"{remedy['sketch']}{where}\n")
+        code = source_text(Source(source["file"], source["line"])) if source else ""
+        text.append(f"      {remedy['target']}" + (f"  · {code}" if code else "") + "\n", style="dim")
+    return text
+
+
+def _remedies_signature(block: Block) -> str:
+    """Equal for blocks whose remedies differ only in module paths (layers.0 vs layers.1)."""
+    return repr([{k: v for k, v in r.items() if k != "target"} for r in block.extra["remedies"]])
+
+
 def _signature(block: Block) -> tuple:
     return (block.q, tuple((s.primitive, s.q, str(s.source)) for s in block.derivation[1:]))
 
@@ -69,15 +92,19 @@ def model_renderable(model: ModelReport, *, show_all_derivations: bool = False) 
     if not model.blocks:
         parts.append(Text("no residual blocks found: nothing to certify", style="yellow"))
     shown: dict[tuple, str] = {}
+    remedies_shown: dict[str, str] = {}
     for block in model.blocks:
         if not (show_all_derivations or block.status != "ok") or not block.derivation:
             continue
         signature = _signature(block)
         if signature in shown:
             parts.append(Text(f"derivation of {block.name}: same as {shown[signature]}\n", style="dim"))
-            continue
-        shown[signature] = block.name
-        parts.append(derivation_text(block))
+        else:
+            shown[signature] = block.name
+            parts.append(derivation_text(block))
+        if "remedies" in block.extra:
+            first = remedies_shown.setdefault(_remedies_signature(block), block.name)
+            parts.append(remedies_text(block) if first == block.name else Text(f"remedies of {block.name}: same as {first}\n", style="dim"))
     for finding in model.findings:
         line = Text()
         line.append(f"{finding.source or model.spec}: ", style="bold")
