@@ -371,3 +371,22 @@ def test_cli_figure1(tmp_path):
     result = CliRunner().invoke(main, ["verify", "figure1", "--out", str(tmp_path / "f.png")])
     assert result.exit_code == 0, result.output
     assert "c=1 q=1: overflows fp16 at D=16, bf16 at D=128, fp32 at D=128" in result.output
+
+
+def test_failed_run_is_not_recorded_and_retried(tmp_path, no_lint):
+    configs = _tiny_grid()[:4]
+    calls: list = []
+    ok = _fake_run(calls)
+
+    def flaky(cfg):
+        if cfg.key == configs[1].key and len(calls) < 3:
+            calls.append("boom")
+            raise RuntimeError("boom")
+        return ok(cfg)
+
+    with pytest.raises(G.GridError, match="1 run"):
+        G.run_grid(configs, tmp_path, progress=False, log=lambda m: None, run_fn=flaky)
+    assert len(G.read_runs(tmp_path / "runs.jsonl")) == 3
+    again: list = []
+    G.run_grid(configs, tmp_path, progress=False, log=lambda m: None, run_fn=_fake_run(again))
+    assert again == [configs[1].key]

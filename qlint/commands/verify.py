@@ -81,8 +81,12 @@ def grid(scale, data, out, device, bf16, shard, workers, threads, steps, backbon
         click.echo(msg, err=True)
 
     log(f"qlint verify grid --scale {scale}: data {', '.join(paths)}; shard {k}/{n}; out {out}")
-    G.run_grid(configs, out, workers=workers, threads=threads, scale_name=scale,
-               progress=not no_progress and sys.stderr.isatty(), log=log)
+    error = None
+    try:
+        G.run_grid(configs, out, workers=workers, threads=threads, scale_name=scale,
+                   progress=not no_progress and sys.stderr.isatty(), log=log)
+    except G.GridError as exc:
+        error = exc
     md = write_tables(out, title=f"scale {scale}")
     if not no_figures:
         try:
@@ -94,6 +98,8 @@ def grid(scale, data, out, device, bf16, shard, workers, threads, steps, backbon
             log(str(exc))
     log(f"wrote {out / 'runs.jsonl'}, {out / 'table2.md'}, {out / 'table2.csv'} ({time.perf_counter() - t0:.1f}s)")
     click.echo(md)
+    if error is not None:
+        raise click.ClickException(str(error))
 
 
 @command.command("table")

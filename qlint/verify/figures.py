@@ -166,6 +166,7 @@ def figure_mse(runs: Iterable[dict[str, Any]], backbone: str, path: str | Path, 
         ax.axhline(0, color="gray", lw=0.8)
         ax.set_xticks(xs, labels, fontsize=8)
         ax.set_ylim(-top, top)
+        ax.set_xlim(-0.5, len(cells) - 0.5)
         ax.set_ylabel("MSE vs cell median (%)")
         ax.set_title(f"{BACKBONE_NAMES.get(backbone, backbone)} on {ds}: {field} deviation from per-cell median"
                      " (∇ some seeds blew up, × all)", fontsize=9)

@@ -408,12 +408,23 @@ def run_grid(
         )
 
     results: list[dict[str, Any]] = []
+    failed: list[str] = []
+
+    def fail(cfg: RunConfig, exc: BaseException) -> None:
+        # an exception is not a blow-up: nothing is recorded, so a rerun retries the run
+        failed.append(f"{'/'.join(map(str, cfg.key))}: {type(exc).__name__}: {exc}")
+        bar.advance(f"FAILED {failed[-1]}")
+
     bar = _Progress(len(todo), enabled=progress, log=log)
     with bar:
         if workers <= 1:
             fn = run_fn or train_run
             for cfg in todo:
-                rec = finish(cfg, fn(cfg))
+                try:
+                    rec = finish(cfg, fn(cfg))
+                except Exception as exc:  # noqa: BLE001
+                    fail(cfg, exc)
+                    continue
                 results.append(rec)
                 bar.advance(describe(rec))
         else:
@@ -435,10 +446,20 @@ def run_grid(
             ) as pool:
                 futures = {pool.submit(_worker_run, cfg): cfg for cfg in todo}
                 for fut in cf.as_completed(futures):
-                    rec = finish(futures[fut], fut.result())
+                    try:
+                        rec = finish(futures[fut], fut.result())
+                    except Exception as exc:  # noqa: BLE001
+                        fail(futures[fut], exc)
+                        continue
                     results.append(rec)
                     bar.advance(describe(rec))
+    if failed:
+        raise GridError(f"{len(failed)} run(s) failed (rerun to retry them):\n" + "\n".join(failed))
     return results
+
+
+class GridError(RuntimeError):
+    """Some runs raised; the finished ones are in runs.jsonl, the failed ones are not."""
 
 
 class _Progress:
