@@ -28,9 +28,11 @@ def test_supercritical_model_exits_1_and_shows_the_derivation():
 
 
 def test_certified_model_exits_0():
-    result = run("check", fixture_spec("gpt2.py:build_model"))
+    result = run("check", fixture_spec("gpt2.py:build_model"), "--select", "QL1")
     assert result.exit_code == 0, result.output
-    assert "certified" in result.output and "All checks passed" in result.output
+    assert "certified, max q = 0" in result.output and "All checks passed" in result.output
+    # warnings (attention-logit growth) do not fail the run by default
+    assert run("check", fixture_spec("gpt2.py:build_model")).exit_code == 0
 
 
 def test_json_document_follows_the_schema():
@@ -149,7 +151,7 @@ def test_explain_and_rules():
     assert run("explain", "QL999").exit_code == 2
     result = run("rules")
     assert result.exit_code == 0
-    for row in ("LayerNorm", "Polynomial activation", "Self-attention", "Exponential"):
+    for row in ("LayerNorm", "Polynomial", "Self-attention", "Exponential"):
         assert row in result.output
     rows = json.loads(run("rules", "--json").output)
     assert {r["primitive"]: r["q"] for r in rows}["Polynomial activation x^p"] == "p * q"
