@@ -1,0 +1,102 @@
+"""``qlint probe SPEC...``: measure each block's exponent and the stability bounds.
+
+Exit 0 when every measured exponent is within its static bound, 1 when one is not
+(a soundness bug in a rule), 2 when a spec cannot be loaded, traced or probed.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import sys
+from typing import Callable, Iterator, Optional
+
+import click
+
+from qlint.commands import fail_cleanly
+
+
+@click.command("probe")
+@click.argument("specs", nargs=-1, metavar="SPEC...")
+@click.option("--format", "--output-format", "output_format", type=click.Choice(["full", "json"]), default="full", show_default=True, help="Report format.")
+@click.option("--seed", type=int, default=0, show_default=True, help="Seed of the random probe directions.")
+@click.option("--directions", type=click.IntRange(min=0), default=8, show_default=True, help="Random directions per block (plus single channel, single token, all ones).")
+@click.option("--tolerance", type=float, default=0.05, show_default=True, help="Absolute tolerance on exponents.")
+@click.option("--iterations", type=click.IntRange(min=1), default=20, show_default=True, help="Power iterations for each Jacobian norm L_k.")
+@click.option("--threads", type=click.IntRange(min=0), default=0, help="torch intra-op threads (0: torch's default); 1 is fastest for small models on a busy machine.")
+@click.option("--input-shape", "input_shapes", multiple=True, metavar="2,96,7", help="Shape of an example input when the spec gives none (repeatable).")
+@click.option("--input-dtype", default="float32", show_default=True, help="dtype of the --input-shape tensors (probed in float64).")
+@click.option("--mode", type=click.Choice(["train", "eval"]), default=None, help="Probe in this mode (default: the model's own).")
+@click.option("--tracer", type=click.Choice(["symbolic_trace", "export", "make_fx"]), default=None, help="Try this tracer first.")
+@click.option("--device", default=None, help="Build and probe on this device (not `meta`: probing needs weights).")
+@click.option("--loop", "loop", is_flag=True, help="Instead, iterate each weight-shared loop to its fixed point: residuals, rho_spec(J_G), ||J_G||_2 (source 003).")
+@click.option("--traceback", "show_traceback", is_flag=True, help="Show the Python traceback of a failure.")
+def command(
+    specs: tuple[str, ...],
+    output_format: str,
+    seed: int,
+    directions: int,
+    tolerance: float,
+    iterations: int,
+    threads: int,
+    input_shapes: tuple[str, ...],
+    input_dtype: str,
+    mode: Optional[str],
+    tracer: Optional[str],
+    device: Optional[str],
+    show_traceback: bool,
+    loop: bool,
+) -> None:
+    """Evaluate each block's velocity at scaled inputs in float64, fit its growth exponent
+    over the top decades and compare it with the static q; estimate c_k, b_k, L_k and print
+    the forward (eq. 38) and backward (eq. 39) bounds, the overflow depths per number format
+    and initialization diagnostics."""
+    with fail_cleanly(show_traceback):
+        import torch
+
+        from qlint.analysis import Options
+        from qlint.probe import ProbeError, ProbeSettings, probe
+
+        if not specs:
+            raise click.UsageError("give at least one SPEC, e.g. `qlint probe fixtures/mamba.py:native`")
+        if threads:
+            torch.set_num_threads(threads)
+        options = Options(mode=mode, tracer=tracer, device=device, input_shapes=input_shapes, input_dtype=input_dtype)
+        settings = ProbeSettings(seed=seed, random_directions=directions, tolerance=tolerance, power_iterations=iterations)
+        if loop:
+            from qlint.loop_probe import main as probe_loops
+
+            probe_loops(specs, options, seed, output_format)
+        try:
+            with _progress(enabled=output_format == "full" and sys.stderr.isatty()) as on_block:
+                results = probe(specs, options, settings, on_block=on_block)
+        except ProbeError as exc:
+            click.echo(f"qlint: error: {exc}", err=True)
+            sys.exit(2)
+    if output_format == "json":
+        from qlint.probe import as_report
+
+        click.echo(json.dumps(as_report(results).to_dict(), indent=2))
+    else:
+        from qlint.probe_render import print_probe
+
+        print_probe(results)
+    sys.exit(1 if any(result.violations for result in results) else 0)
+
+
+@contextlib.contextmanager
+def _progress(enabled: bool) -> Iterator[Callable[[int, int, str], None]]:
+    """A transient progress bar over the blocks on stderr (only on a terminal)."""
+    if not enabled:
+        yield lambda done, total, name: None
+        return
+    from rich.console import Console
+    from rich.progress import Progress
+
+    with Progress(console=Console(stderr=True), transient=True) as progress:
+        task = progress.add_task("probing blocks", total=None)
+
+        def advance(done: int, total: int, name: str) -> None:
+            progress.update(task, completed=done, total=total, description=f"probed {name}")
+
+        yield advance

@@ -1,0 +1,147 @@
+"""The rich terminal report of ``qlint probe`` (``--format full``)."""
+
+from __future__ import annotations
+
+import math
+from typing import Optional, Sequence
+
+from rich.console import Console, Group
+from rich.table import Table
+from rich.text import Text
+
+from qlint.algebra import format_q
+from qlint.probe import BlockProbe, ModelProbe
+from qlint.probe_bounds import FORMATS, StackBounds
+from qlint.probe_init import InitDiagnostics
+
+AGREEMENT_STYLE = {"exact": "green", "below": "cyan", "VIOLATION": "bold red", "n/a": "yellow"}
+
+
+def number(value: Optional[float], digits: int = 3) -> str:
+    """Compact numbers: 3 significant digits, '-' for none, ∞ past float64."""
+    if value is None:
+        return "-"
+    if isinstance(value, int) and abs(value) < 10**6:
+        return str(value)
+    if math.isinf(value):
+        return "∞"
+    return f"{float(value):.{digits}g}"
+
+
+def exponent_table(result: ModelProbe) -> Table:
+    """Static against measured exponent per block, the constants and the cost."""
+    report = result.report
+    table = Table(title=f"{report.spec}  [dim](tracer: {report.tracer}, mode: {report.mode}, float64)[/dim]", title_justify="left")
+    table.add_column("block", no_wrap=True)
+    for column in ("q", "measured", "spread", "agreement", "c", "b", "L", "cost"):
+        table.add_column(column, justify="left" if column == "agreement" else "right", no_wrap=True)
+    for block in result.blocks:
+        measured = "-" if block.q_measured is None else f"{round(block.q_measured, 3) + 0.0:.3f}" + ("" if block.asymptotic else "*")
+        table.add_row(
+            block.name,
+            format_q(block.q_static),
+            measured,
+            number(block.spread, 2),
+            Text(block.agreement, style=AGREEMENT_STYLE[block.agreement]),
+            number(block.c),
+            number(block.b),
+            number(block.lipschitz),
+            f"{block.seconds:.1f}s/{block.evaluations}",
+        )
+    return table
+
+
+def block_notes(blocks: Sequence[BlockProbe]) -> list[Text]:
+    notes = []
+    if any(not block.asymptotic for block in blocks):
+        notes.append(Text("* the last two decades disagree: the slope is not yet asymptotic at the largest scale", style="dim"))
+    for block in blocks:
+        if block.failed_samples:
+            notes.append(Text(f"{block.name}: {block.failed_samples} sample(s) gave inf or nan and were left out", style="yellow"))
+        if block.lipschitz_error:
+            notes.append(Text(f"{block.name}: no Jacobian norm: {block.lipschitz_error}", style="yellow"))
+        if block.agrees is False:
+            notes.append(
+                Text(
+                    f"SOUNDNESS BUG: {block.name} grows like α^{block.q_measured_max:.3f} but its static exponent is "
+                    f"q = {format_q(block.q_static)}; a rule in the derivation is unsound, please report it",
+                    style="bold red",
+                )
+            )
+    return notes
+
+
+def bounds_text(bounds: StackBounds) -> Text:
+    text = Text()
+    text.append("forward bound  ", style="bold")
+    if bounds.forward is None:
+        text.append(bounds.note or "none", style="yellow")
+    else:
+        text.append(f"||X_D|| <= {number(bounds.forward)}  ({bounds.forward_rule}; ||X_0|| = {number(bounds.x0_norm)}, D = {bounds.depth}, Δt = {bounds.dt:g})")
+    text.append("\nbackward bound ", style="bold")
+    if bounds.backward is None:
+        text.append("none (a block has no Jacobian norm)", style="yellow")
+    else:
+        text.append(f"||J_0:D|| <= ∏(1 + L_k Δt) = {number(bounds.backward)} <= exp(Σ L_k Δt) = {number(bounds.backward_exp)}  (eq. 39)")
+    text.append("\noverflow depth ", style="bold")
+    depths = "  ".join(f"{name} {number(bounds.overflow_depths[name]) if bounds.overflow_depths[name] is not None else 'never'}" for name in FORMATS)
+    text.append(f"{depths}  (first depth at which the bound exceeds the format's largest finite value, the stack repeated)")
+    text.append("\n               c_k, b_k, L_k are estimated from the sampled directions, not certified", style="dim")
+    if bounds.note and bounds.forward is not None:
+        text.append(f"\n               {bounds.note}", style="yellow")
+    return text
+
+
+def init_tables(init: InitDiagnostics) -> list:
+    """RMS through the stack, branch scaling, layer gains and the flags."""
+    stack = Table(title="init: RMS through the stack (unit-variance input and cotangent)", title_justify="left")
+    stack.add_column("block", no_wrap=True)
+    for column in ("activation in → out", "gradient in ← out", "out-proj std vs 1/√2L"):
+        stack.add_column(column, justify="right", no_wrap=True)
+    branches = {branch.block: branch for branch in init.branches}
+    for layer in init.stack:
+        branch = branches.get(layer.name)
+        scale = "-"
+        if branch is not None and branch.relative_std is not None:
+            scale = f"{branch.relative_std:.2f} vs {branch.expected:.2f} {'scaled' if branch.scaled else 'unscaled'}"
+        stack.add_row(
+            layer.name,
+            f"{number(layer.rms_in)} → {number(layer.rms_out)}",
+            f"{number(layer.grad_rms_in)} ← {number(layer.grad_rms_out)}",
+            scale,
+        )
+    gains = Table(title="init: layer gains (n_in·σ_w² / gain(φ)², 1 at criticality)", title_justify="left")
+    gains.add_column("layer", no_wrap=True)
+    for column in ("n_in·σ_w²", "φ", "gain(φ)", "effective"):
+        gains.add_column(column, justify="left" if column == "φ" else "right", no_wrap=True)
+    for gain in init.gains:
+        source = "" if gain.gain_source == "calculate_gain" else "ᵉ"
+        gains.add_row(gain.name, number(gain.gain), gain.nonlinearity, f"{gain.nonlinearity_gain:.3f}{source}", number(gain.effective))
+    parts: list = [stack, gains]
+    if any(gain.gain_source != "calculate_gain" for gain in init.gains):
+        parts.append(Text("ᵉ not in torch.nn.init.calculate_gain: 1/sqrt(E[φ(z)²]) for z ~ N(0, 1)", style="dim"))
+    parts.extend(Text(flag, style="yellow") for flag in init.flags)
+    return parts
+
+
+def model_renderable(result: ModelProbe) -> Group:
+    parts: list = [exponent_table(result)]
+    if not result.blocks:
+        parts.append(Text("no residual blocks found: nothing to probe", style="yellow"))
+    parts.extend(block_notes(result.blocks))
+    if result.blocks:
+        parts.append(bounds_text(result.bounds))
+        parts.extend(init_tables(result.init))
+    verdict = (
+        Text(f"{len(result.violations)} block(s) grow faster than their static exponent: soundness bug", style="bold red")
+        if result.violations
+        else Text("every measured exponent is within its static bound", style="green")
+    )
+    parts.append(Text(f"{result.report.spec}: probed {len(result.blocks)} blocks in {result.seconds:.1f} s; ").append_text(verdict).append("\n"))
+    return Group(*parts)
+
+
+def print_probe(results: Sequence[ModelProbe], console: Optional[Console] = None) -> None:
+    console = console or Console()
+    for result in results:
+        console.print(model_renderable(result))
