@@ -1,0 +1,340 @@
+"""``qlint probe --loop``: a looped recurrence measured at its fixed point (source 003).
+
+The static rules QL301-QL303 look at the linear part of the loop map
+G(h) = Ā ⊙ h + f(h, e). Whether the full map contracts is a property of its
+Jacobian at the fixed point, which only running it tells: starting from the state
+the model reaches on the example input, G is iterated in float64 until
+||G(h) - h|| / ||h|| falls below the tolerance (or the iteration budget runs out),
+then at the final h
+
+* the spectral radius rho_spec(J_G), by power iteration on Jacobian-vector products
+  with the growth rates averaged geometrically (Gelfand's formula, robust to the
+  complex eigenvalue pairs that make the approach spiral), the asymptotic rate;
+* the operator norm ||J_G||_2, by power iteration on J^T J (one JVP and one VJP a
+  step); the gap ||J_G||_2 - rho_spec measures non-normality (003, Table 3: at low
+  carry ||J_G||_2 > 1 while rho_spec < 1);
+* the smallest per-token spread (standard deviation over channels) of the input of
+  the block's first normalization: LayerNorm's Jacobian is bounded by gamma / s(x),
+  so an imploding token spikes the loop's gain (003, Section 6).
+
+A thin spectral margin 1 - rho_spec < 0.05 is reported as QL304, a loop that does
+not settle (bounded orbit or divergence) as QL305.
+"""
+
+from __future__ import annotations
+
+import collections
+import math
+from dataclasses import dataclass, field
+from typing import Any, Iterable, Optional
+
+import torch
+import torch.fx as fx
+
+from qlint.analysis import Analysis, Options, load_model, source_of
+from qlint.probe import ProbeError, Trajectory, jvp_power_iteration, operator_norm, stable_norm, trace_float64
+from qlint.report import Finding
+from qlint.rules.checks.looped import Loop, cone, find_loops
+from qlint.rules.checks.placement import is_normalizer
+from qlint.trace import module_path
+
+
+@dataclass(frozen=True)
+class LoopSettings:
+    """How long to iterate and how to measure."""
+
+    max_iterations: int = 1000
+    tolerance: float = 1e-10  # relative residual ||G(h) - h|| / ||h|| at which the loop has settled
+    power_iterations: int = 200  # for rho_spec: Gelfand's tail average converges like 1/iterations
+    norm_iterations: int = 50  # for ||J_G||_2: power iteration on J^T J converges geometrically
+    thin_margin: float = 0.05  # QL304 below this spectral margin
+    divergence: float = 1e8  # ||h|| / ||h_start|| beyond which the orbit counts as diverging
+    seed: int = 0
+
+
+class LoopMap:
+    """G(h): the loop's step re-run with its state set to h, everything else as recorded."""
+
+    def __init__(self, trajectory: Trajectory, loop: Loop) -> None:
+        order = {node: i for i, node in enumerate(trajectory.module.graph.nodes)}
+        self.step = loop.step
+        self.nodes = cone(self.step.state, self.step.root, order)
+        self.trajectory = trajectory
+        self.interpreter = fx.Interpreter(trajectory.module, garbage_collect_values=False)
+
+    @property
+    def start(self) -> torch.Tensor:
+        """The state the model itself fed to its last iteration."""
+        return self.trajectory.values[self.step.state]
+
+    def values(self, h: torch.Tensor) -> dict[fx.Node, Any]:
+        """Every cone node's value at state h."""
+        local: dict[fx.Node, Any] = {self.step.state: h}
+        self.interpreter.env = collections.ChainMap(local, self.trajectory.values)
+        for node in self.nodes:
+            local[node] = self.interpreter.run_node(node)
+        return local
+
+    def __call__(self, h: torch.Tensor) -> torch.Tensor:
+        return self.values(h)[self.step.root]
+
+
+@dataclass
+class LoopProbe:
+    """What the probe measured on one looped recurrence."""
+
+    path: str
+    form: str
+    iterations: int  # the model's own
+    carry_rho: Optional[float]  # max |Ā| (1 for a unit carry), None when not computable
+    residuals: list[float]  # relative ||G(h) - h|| / ||h|| per probe iteration
+    orbit: str  # "settled", "converging", "growing", "bounded orbit" or "diverging" (see :func:`iterate`)
+    rho_spec: Optional[float] = None
+    operator_norm: Optional[float] = None
+    min_spread: Optional[float] = None
+    spread_at: str = ""
+    findings: list[Finding] = field(default_factory=list)
+
+    @property
+    def settles(self) -> bool:
+        """Reached the tolerance, or still contracting when the budget ran out."""
+        return self.orbit in ("settled", "converging")
+
+    @property
+    def margin(self) -> Optional[float]:
+        return None if self.rho_spec is None else 1 - self.rho_spec
+
+    @property
+    def gap(self) -> Optional[float]:
+        """||J_G||_2 - rho_spec: zero for a normal Jacobian."""
+        if self.rho_spec is None or self.operator_norm is None:
+            return None
+        return self.operator_norm - self.rho_spec
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "loop": self.path,
+            "form": self.form,
+            "iterations": self.iterations,
+            "carry_rho": _rounded(self.carry_rho),
+            "orbit": self.orbit,
+            "probe_iterations": len(self.residuals),
+            "final_residual": _rounded(self.residuals[-1]) if self.residuals else None,
+            "residuals": [_rounded(r) for r in self.residuals],
+            "rho_spec": _rounded(self.rho_spec),
+            "operator_norm": _rounded(self.operator_norm),
+            "non_normality_gap": _rounded(self.gap),
+            "spectral_margin": _rounded(self.margin),
+            "min_token_spread": _rounded(self.min_spread),
+            "spread_at": self.spread_at,
+            "findings": [finding.to_dict() for finding in self.findings],
+        }
+
+
+def _rounded(value: Optional[float]) -> Optional[float]:
+    if value is None or not math.isfinite(value):
+        return None
+    return float(f"{value:.6g}")
+
+
+def iterate(loop_map: LoopMap, settings: LoopSettings) -> tuple[torch.Tensor, list[float], str]:
+    """Run h <- G(h) from the model's own state; (last h, relative residuals, orbit).
+
+    The orbit is "settled" once the relative residual ||G(h) - h|| / ||h|| is below
+    the tolerance. When the budget runs out first, the last quarter of the run is
+    compared with the quarter before: "converging" if the step ||G(h) - h|| still
+    shrinks (by 0.9 or more), "growing" if ||h|| rose by 10% or more, else a
+    "bounded orbit". "diverging" when ||h|| leaves float range or the divergence
+    factor.
+    """
+    h = loop_map.start
+    scale = max(stable_norm(h), 1e-300)
+    residuals: list[float] = []
+    steps: list[float] = []
+    norms: list[float] = []
+    with torch.no_grad():
+        for _ in range(settings.max_iterations):
+            following = loop_map(h)
+            size = stable_norm(following)
+            if not math.isfinite(size) or size > settings.divergence * scale:
+                residuals.append(math.inf)
+                return following, residuals, "diverging"
+            steps.append(stable_norm(following - h))
+            residuals.append(steps[-1] / max(stable_norm(h), 1e-300))
+            norms.append(size)
+            h = following
+            if residuals[-1] < settings.tolerance:
+                return h, residuals, "settled"
+    window = max(len(steps) // 4, 1)
+    if max(steps[-window:]) < 0.9 * max(steps[-2 * window : -window] or [math.inf]):
+        return h, residuals, "converging"
+    if norms[-1] > 1.1 * norms[-window - 1 if len(norms) > window else 0]:
+        return h, residuals, "growing"
+    return h, residuals, "bounded orbit"
+
+
+def min_token_spread(loop_map: LoopMap, h: torch.Tensor, analysis: Analysis) -> tuple[Optional[float], str]:
+    """The smallest per-token standard deviation over channels entering the step's first normalization.
+
+    Without a normalization in the step, that of the state itself.
+    """
+    normalizer = next((node for node in loop_map.nodes if is_normalizer(node, analysis)), None)
+    with torch.no_grad():
+        if normalizer is None:
+            value, where = h, "the loop state"
+        else:
+            handwritten = analysis.interpreter.normalizations.get(normalizer)
+            source = handwritten[1] if handwritten else normalizer.args[0]
+            values = loop_map.values(h)
+            value = values.get(source, loop_map.trajectory.values.get(source))
+            where = f"input of `{module_path(normalizer) or normalizer.name}`"
+        if not isinstance(value, torch.Tensor) or value.dim() == 0:
+            return None, where
+        spread = value.var(dim=-1, unbiased=False).sqrt()
+        return float(spread.min()), where
+
+
+def _carry_rho(loop: Loop, trajectory: Trajectory) -> Optional[float]:
+    carry = loop.step.carry
+    if carry is None:
+        return 1.0 + loop.step.identity
+    value = trajectory.values.get(carry) if isinstance(carry, fx.Node) else torch.tensor(float(carry))
+    if not isinstance(value, torch.Tensor) or value.numel() == 0:
+        return None
+    return float(value.detach().abs().max()) + loop.step.identity
+
+
+def probe_loop(analysis: Analysis, trajectory: Trajectory, loop: Loop, settings: LoopSettings = LoopSettings()) -> LoopProbe:
+    """Iterate one loop to its fixed point and measure its Jacobian there."""
+    loop_map = LoopMap(trajectory, loop)
+    h, residuals, orbit = iterate(loop_map, settings)
+    result = LoopProbe(loop.path, loop.form, loop.iterations, _carry_rho(loop, trajectory), residuals, orbit)
+    if orbit != "diverging":
+        result.rho_spec = jvp_power_iteration(loop_map, h, settings.power_iterations, settings.seed)
+        result.operator_norm = operator_norm(loop_map, h, settings.norm_iterations, settings.seed)
+        result.min_spread, result.spread_at = min_token_spread(loop_map, h, analysis)
+    result.findings = list(_findings(result, loop, settings))
+    return result
+
+
+def _findings(result: LoopProbe, loop: Loop, settings: LoopSettings) -> Iterable[Finding]:
+    source = source_of(loop.step.root)
+    where = f"looped recurrence `{result.path}`"
+    if not result.settles:
+        last = result.residuals[-1] if result.residuals else math.nan
+        detail = {
+            "diverging": "diverges",
+            "growing": f"keeps growing (relative residual {last:.2g})",
+        }.get(result.orbit, f"stays on a bounded orbit (relative residual {last:.2g})")
+        yield Finding(
+            "QL305",
+            "warning",
+            f"{where} does not settle after {len(result.residuals)} iterations: it {detail}",
+            result.path,
+            source,
+        )
+    elif result.margin is not None and result.margin < settings.thin_margin:
+        pending = "" if result.orbit == "settled" else f", still converging after {len(result.residuals)} iterations"
+        yield Finding(
+            "QL304",
+            "warning",
+            f"{where}: spectral margin 1 - rho_spec = {result.margin:.3g} < {settings.thin_margin:g} at the fixed point "
+            f"(rho_spec = {result.rho_spec:.4g}, ||J_G||_2 = {result.operator_norm:.4g}{pending})",
+            result.path,
+            source,
+        )
+
+
+def probe_loops(
+    model: torch.nn.Module,
+    inputs: Optional[tuple],
+    *,
+    spec: Optional[str] = None,
+    options: Optional[Options] = None,
+    settings: LoopSettings = LoopSettings(),
+) -> list[LoopProbe]:
+    """Trace a float64 copy of the model and probe each of its looped recurrences.
+
+    >>> [probe] = probe_loops(*fixtures.looped.constrained())
+    >>> probe.rho_spec < 1 < probe.operator_norm
+    """
+    spec = spec or type(model).__name__
+    analysis, trajectory = trace_float64(model, inputs, spec=spec, options=options or Options())
+    loops = find_loops(analysis)
+    if not loops:
+        raise ProbeError(f"{spec}: no looped recurrence found (a module applied to its own output with shared weights)")
+    return [probe_loop(analysis, trajectory, loop, settings) for loop in loops]
+
+
+def probe_specs(specs: Iterable[str], options: Optional[Options] = None, settings: LoopSettings = LoopSettings()) -> dict[str, list[LoopProbe]]:
+    """Load each spec and probe its loops (the CLI's entry point)."""
+    options = options or Options()
+    results = {}
+    for spec in specs:
+        loaded = load_model(spec, options)
+        results[spec] = probe_loops(loaded.model, loaded.inputs, spec=spec, options=options, settings=settings)
+    return results
+
+
+def as_json(results: dict[str, list[LoopProbe]]) -> dict[str, Any]:
+    return {"models": [{"spec": spec, "loops": [probe.to_dict() for probe in probes]} for spec, probes in results.items()]}
+
+
+def print_loops(results: dict[str, list[LoopProbe]]) -> None:
+    """The rich report: one two-column table per loop, then its findings."""
+    from rich.console import Console
+    from rich.table import Table
+
+    console = Console()
+    for spec, probes in results.items():
+        for probe in probes:
+            table = Table(title=f"{spec}: looped recurrence `{probe.path}` (float64)", show_header=False)
+            table.add_column("measure", style="bold")
+            table.add_column("value")
+            for measure, value in _rows(probe):
+                table.add_row(measure, value)
+            console.print(table)
+            for finding in probe.findings:
+                style = "yellow" if finding.severity == "warning" else "red"
+                where = f" ({finding.source})" if finding.source else ""
+                console.print(f"  [{style}]{finding.code}[/{style}] {finding.message}{where}")
+
+
+def _rows(probe: LoopProbe) -> list[tuple[str, str]]:
+    last = probe.residuals[-1] if probe.residuals else math.nan
+    shown = sorted({0, *(len(probe.residuals) * k // 5 for k in range(1, 5)), len(probe.residuals) - 1})
+    trail = " → ".join(f"{probe.residuals[i]:.2g}" for i in shown if i < len(probe.residuals))
+    return [
+        ("form", f"{probe.form}, {probe.iterations} iterations in the model"),
+        ("carry ρ(Ā)", _fmt(probe.carry_rho)),
+        ("orbit", f"{probe.orbit} after {len(probe.residuals)} iterations (relative residual {last:.2g})"),
+        ("‖G(h) − h‖ / ‖h‖", trail),
+        ("ρ_spec(J_G)", _fmt(probe.rho_spec)),
+        ("‖J_G‖₂", _fmt(probe.operator_norm)),
+        ("‖J_G‖₂ − ρ_spec", f"{_fmt(probe.gap)} (non-normality)"),
+        ("1 − ρ_spec", f"{_fmt(probe.margin)} (spectral margin)"),
+        ("min per-token spread", f"{_fmt(probe.min_spread)} at the {probe.spread_at or 'state'}"),
+    ]
+
+
+def _fmt(value: Optional[float]) -> str:
+    return "—" if value is None or not math.isfinite(value) else f"{value:.4g}"
+
+
+def main(specs: Iterable[str], options: Options, seed: int, output_format: str) -> None:
+    """``qlint probe --loop``: print the measurements (rich or JSON); exit 2 when a spec has no loop."""
+    import json
+    import sys
+
+    import click
+
+    try:
+        results = probe_specs(specs, options, LoopSettings(seed=seed))
+    except ProbeError as exc:
+        click.echo(f"qlint: error: {exc}", err=True)
+        sys.exit(2)
+    if output_format == "json":
+        click.echo(json.dumps(as_json(results), indent=2))
+    else:
+        print_loops(results)
+    sys.exit(0)
