@@ -131,6 +131,8 @@ def _as_block(g: _Graph, root: fx.Node, folded: set[fx.Node]) -> Optional[Residu
     terms = _terms(root, folded)
     best: Optional[tuple[int, int, fx.Node, fx.Node]] = None
     for term in terms:
+        if _broadcast(term, root):
+            continue
         stream = _carried(term)
         others = [t for t in terms if t is not term]
         dependent = [t for t in others if g.depends_on(t, stream)]
@@ -145,6 +147,17 @@ def _as_block(g: _Graph, root: fx.Node, folded: set[fx.Node]) -> Optional[Residu
     velocity = [t for t in terms if t is not stream_term]
     cone = g.cone(stream, velocity)
     return ResidualBlock(root=root, stream=stream, terms=velocity, cone=cone, cone_set=set(cone))
+
+
+def _broadcast(term: fx.Node, root: fx.Node) -> bool:
+    """A term broadcast up to the sum's shape is a bias (RevIN's ``y * scale + loc``), not X_k.
+
+    X_{k+1} replaces X_k, so the stream has the sum's own shape. Shapes are known on
+    export and make_fx graphs (``meta["val"]``); without them every term qualifies.
+    """
+    term_shape = getattr(term.meta.get("val"), "shape", None)
+    root_shape = getattr(root.meta.get("val"), "shape", None)
+    return term_shape is not None and root_shape is not None and tuple(term_shape) != tuple(root_shape)
 
 
 def _form(root: fx.Node, owner: str) -> tuple[Form, Optional[fx.Node]]:

@@ -77,6 +77,15 @@ def import_target(location: str) -> Any:
         raise LoadError(f"{location}: {type(exc).__name__} while importing: {exc}") from exc
 
 
+def declared_name(cls: type) -> str:
+    """How ``[tool.qlint.primitives]`` names a class: ``module.Class``, where a class from a
+    file loaded by path (module ``qlint_user_<stem>_<hash>``) is ``<stem>.Class``."""
+    module = cls.__module__
+    if module.startswith("qlint_user_"):
+        module = module[len("qlint_user_") :].rpartition("_")[0]
+    return f"{module}.{cls.__qualname__}"
+
+
 def load(spec: str) -> LoadedModel:
     """The model (and its example inputs if the factory gives them) for a spec."""
     import torch

@@ -20,7 +20,7 @@ import torch.fx as fx
 
 from qlint import algebra
 from qlint.growth import CONSTANT, STREAM, Growth
-from qlint.rules.primitives import Call, Registry, Value, handwritten_norms
+from qlint.rules.primitives import USER_DECLARED, Call, Primitive, Registry, Value, handwritten_norms
 
 
 @dataclass(frozen=True)
@@ -74,6 +74,7 @@ class GrowthInterpreter(fx.Interpreter):
         self.registry = registry
         self.training = training
         self.normalizations = handwritten_norms.find(module.graph)
+        self.leaf_regions = leaf_regions(module.graph, USER_DECLARED)
         self.constants: dict[fx.Node, Value] = {}
         self.steps: dict[fx.Node, Step] = {}
         self.unknown: dict[fx.Node, str] = {}
@@ -124,10 +125,13 @@ class GrowthInterpreter(fx.Interpreter):
         return self._apply(self._current, args, kwargs)
 
     def _apply(self, node: fx.Node, args: tuple, kwargs: dict) -> Value:
+        region = self.leaf_regions.get(node)
+        if region is not None:  # inside a declared opaque module: it reads the region's inputs
+            args, kwargs = tuple(self._lookup(n) for n in region.inputs), {}
         call = Call(node, args, kwargs, training=self.training)
         plumbing = False
         dependent = [g for g in call.inputs() if g.depends]
-        if node in self.normalizations:
+        if region is None and node in self.normalizations:
             name, numerator = self.normalizations[node]
             signal = leading(self._lookup(numerator))
             value: Value = Growth(algebra.normalize(signal.q), depends=signal.depends, culprit=signal.culprit)
@@ -137,7 +141,7 @@ class GrowthInterpreter(fx.Interpreter):
             if node.op == "call_module":
                 call.module = self.submodules[target]
                 target = type(call.module)
-            primitive = self.registry.lookup(node.op, target)
+            primitive = region.primitive if region else self.registry.lookup(node.op, target)
             if primitive is None:
                 if not dependent:
                     return CONSTANT
@@ -153,6 +157,45 @@ class GrowthInterpreter(fx.Interpreter):
         if self._record:
             self.steps[node] = Step(name, why, _dominant(node, self._env), plumbing)
         return value
+
+
+@dataclass(frozen=True)
+class LeafRegion:
+    """The nodes one call of a declared module left in a graph that inlines modules."""
+
+    primitive: Primitive
+    inputs: tuple[fx.Node, ...]  # the nodes outside the region that feed it
+
+
+def leaf_regions(graph: fx.Graph, declared: dict[type, Primitive]) -> dict[fx.Node, LeafRegion]:
+    """Opaque-leaf semantics where module boundaries vanish (torch.export, make_fx).
+
+    symbolic_trace keeps a declared class as one call_module node; export inlines it.
+    The ops whose ``nn_module_stack`` holds a call of a declared class form its region:
+    each gets the declared transfer of the region's external inputs,
+    compose(q_declared, max q_in), and none is looked up in the registry.
+    """
+    if not declared:
+        return {}
+    by_name = {f"{cls.__module__}.{cls.__qualname__}": primitive for cls, primitive in declared.items()}
+    members: dict[str, list[fx.Node]] = {}
+    primitives: dict[str, Primitive] = {}
+    for node in graph.nodes:
+        if node.op not in ("call_function", "call_method"):
+            continue
+        for key, (_, cls) in (node.meta.get("nn_module_stack") or {}).items():
+            primitive = declared.get(cls) if isinstance(cls, type) else by_name.get(cls)
+            if primitive is not None:  # the outermost declared call contains this op
+                members.setdefault(key, []).append(node)
+                primitives[key] = primitive
+                break
+    regions = {}
+    for key, nodes in members.items():
+        inside = set(nodes)
+        inputs = tuple(dict.fromkeys(p for n in nodes for p in n.all_input_nodes if p not in inside))
+        region = LeafRegion(primitives[key], inputs)
+        regions.update(dict.fromkeys(nodes, region))
+    return regions
 
 
 def _inputs_text(inputs: list[Growth]) -> str:

@@ -9,13 +9,18 @@ trace, which is how blocks get their names and findings their source lines.
 
 from __future__ import annotations
 
+import contextlib
+import io
+import logging
 import operator
 import re
 from dataclasses import dataclass, field
-from typing import Any, Iterable, Optional, Sequence
+from typing import Any, Iterable, Iterator, Optional, Sequence
 
 import torch
 import torch.fx as fx
+
+from qlint.loader import declared_name
 
 TRACERS = ("symbolic_trace", "export", "make_fx")
 
@@ -83,18 +88,72 @@ def _symbolic_trace(model: torch.nn.Module, leaf_classes: Sequence[type]) -> fx.
     return fx.GraphModule(tracer.root, graph, model.__class__.__name__)
 
 
+def _tensors(value: Any) -> list[torch.Tensor]:
+    """The tensors of a model output, in order; anything else (a KV cache object) is dropped."""
+    if isinstance(value, torch.Tensor):
+        return [value]
+    if isinstance(value, dict):  # Hugging Face ModelOutput is an OrderedDict
+        value = list(value.values())
+    if isinstance(value, (list, tuple)):
+        return [tensor for item in value for tensor in _tensors(item)]
+    return []
+
+
+@contextlib.contextmanager
+def _tensor_outputs(model: torch.nn.Module) -> Iterator[None]:
+    """Make ``model`` return a flat tuple of tensors while it is traced.
+
+    torch.export and make_fx reject outputs that are not pytrees, such as the
+    ``DynamicCache`` Hugging Face models return; the analysis only needs the graph, so
+    non-tensor outputs are dropped. Patching the instance's ``forward`` (rather than
+    wrapping the model) keeps every node's module path relative to the model itself.
+    A Hugging Face model does not build that cache at all (``use_cache=False``): it is
+    an output only, and building it costs a tenth of the export time.
+    """
+    own_forward = "forward" in vars(model)
+    forward = model.forward
+    model.forward = lambda *args, **kwargs: tuple(_tensors(forward(*args, **kwargs)))
+    config = getattr(model, "config", None) if is_hugging_face(model) else None
+    caching = getattr(config, "use_cache", False) is True
+    if caching:
+        config.use_cache = False
+    try:
+        yield
+    finally:
+        if caching:
+            config.use_cache = True
+        if own_forward:
+            model.forward = forward
+        else:
+            del model.forward
+
+
 def _export(model: torch.nn.Module, inputs: tuple) -> fx.GraphModule:
-    program = torch.export.export(model, inputs, strict=False)
-    return program.module()
+    with _tensor_outputs(model):
+        program = torch.export.export(model, inputs, strict=False)
+    try:
+        return program.module(check_guards=False)  # no `_guards_fn` call: the graph is analysed, not run
+    except TypeError:  # torch < 2.9
+        return program.module()
 
 
 def _make_fx(model: torch.nn.Module, inputs: tuple) -> fx.GraphModule:
     from torch.fx.experimental.proxy_tensor import make_fx
 
-    try:
-        return make_fx(model, record_module_stack=True)(*inputs)
-    except TypeError:  # older torch: no record_module_stack
-        return make_fx(model)(*inputs)
+    def call(*args: Any) -> Any:
+        return model(*args)
+
+    call._orig_mod = model  # make_fx records nn_module_stack only for a function that names its module
+    with _tensor_outputs(model):
+        try:
+            return make_fx(call, record_module_stack=True)(*inputs)
+        except TypeError:  # older torch: no record_module_stack
+            return make_fx(model)(*inputs)
+
+
+def is_hugging_face(model: torch.nn.Module) -> bool:
+    """A transformers PreTrainedModel (checked by name: transformers is not imported)."""
+    return any(c.__name__ == "PreTrainedModel" and c.__module__.startswith("transformers.") for c in type(model).__mro__)
 
 
 def capture(
@@ -117,19 +176,36 @@ def capture(
         if name != "symbolic_trace" and inputs is None:
             attempts.append(f"{name}: needs example inputs")
             continue
+        if name == "symbolic_trace" and not prefer and inputs is not None and is_hugging_face(model):
+            attempts.append("symbolic_trace: skipped (Hugging Face models branch on tensor values; torch.export follows them)")
+            continue
         try:
-            if name == "symbolic_trace":
-                module = _symbolic_trace(model, leaf_classes)
-            elif name == "export":
-                module = _export(model, inputs)
-            else:
-                module = _make_fx(model, inputs)
+            with _quiet():
+                if name == "symbolic_trace":
+                    module = _symbolic_trace(model, leaf_classes)
+                elif name == "export":
+                    module = _export(model, inputs)
+                else:
+                    module = _make_fx(model, inputs)
         except Exception as exc:  # every tracer failure is reported, none is fatal here
             attempts.append(f"{name}: {_first_line(exc)}")
             errors.append((name, exc))
             continue
         return TracedGraph(module=module, tracer=name, attempts=attempts)
     raise TraceFailure(_explain(model, errors, inputs is None))
+
+
+@contextlib.contextmanager
+def _quiet() -> Iterator[None]:
+    """Silence tracing chatter: torch logs warnings and prints partial graphs to stderr on
+    failure, and qlint explains a failure in one line instead."""
+    previous = logging.root.manager.disable
+    logging.disable(logging.WARNING)
+    try:
+        with contextlib.redirect_stderr(io.StringIO()):
+            yield
+    finally:
+        logging.disable(previous)
 
 
 def _first_line(exc: BaseException) -> str:
@@ -139,20 +215,63 @@ def _first_line(exc: BaseException) -> str:
 
 _FRAME = re.compile(r'File "(?P<file>[^"]+)", line (?P<line>\d+), in (?P<func>\S+)')
 
+# (phrases of a tracer's error, the Python construct they mean)
+_CONSTRUCTS = (
+    (
+        ("data-dependent", "_local_scalar_dense", "control flow", "'Proxy'", "Proxy object", "Proxy)"),
+        "uses a tensor's value in Python (`if`, `int()`, `.item()`, a loop bound)",
+    ),
+    (("numpy",), "converts a tensor to NumPy"),
+    (("not a known type", "pytree"), "passes a value of a type torch cannot flatten"),
+    (("in-place mutation",), "mutates a tensor in place and reads it again"),
+)
+_TRACER_PREFERENCE = ("export", "make_fx", "symbolic_trace")
+
 
 def _explain(model: torch.nn.Module, errors: list[tuple[str, BaseException]], no_inputs: bool) -> str:
-    """One line: which submodule and which Python construct stopped the last tracer."""
+    """One line: which submodule and which Python construct stopped tracing, and what helps.
+
+    The error explained is torch.export's when there is one (it traces the most), else
+    the last tracer's. A construct torch cannot trace is fixed by declaring the
+    submodule an opaque leaf; any other exception is the model failing on its inputs.
+    """
     if not errors:
         return "could not trace the model: symbolic_trace needs no inputs but export/make_fx do; give --input-shape"
-    name, exc = errors[-1]
+    by_tracer = dict(errors)
+    name = next((t for t in _TRACER_PREFERENCE if t in by_tracer), errors[-1][0])
+    exc = by_tracer[name]
+    path, owner = _failing_submodule(model, exc)
+    subject = f"`{path}` ({type(owner).__name__})" if path else type(model).__name__
     where = _user_frame(exc)
-    hint = (
-        "give --input-shape so torch.export can unroll it"
-        if no_inputs
-        else "mark the submodule as an opaque leaf with a declared exponent ([tool.qlint.primitives] or qlint.register)"
-    )
     location = f" at {where}" if where else ""
-    return f"could not trace {type(model).__name__} ({name}{location}): {_first_line(exc)}; {hint}"
+    text = str(exc)
+    construct = next((what for phrases, what in _CONSTRUCTS if any(p in text for p in phrases)), None)
+    if construct is None:
+        return (
+            f"could not trace {type(model).__name__}: {subject}{location} raised {_first_line(exc)} ({name}); "
+            "check that the model runs on its example inputs (--traceback shows where)"
+        )
+    hint = "give --input-shape so torch.export can run it, or " if no_inputs else ""
+    leaf = type(owner if path else model)
+    key = declared_name(leaf)
+    return (
+        f"could not trace {type(model).__name__}: {subject}{location} {construct} ({name}); "
+        f"{hint}declare its exponent so qlint treats it as an opaque leaf: "
+        f"qlint.register({leaf.__name__}, q=..., why=...) or [tool.qlint.primitives] \"{key}\" = {{ q = ..., why = \"...\" }}"
+    )
+
+
+def _failing_submodule(model: torch.nn.Module, exc: BaseException) -> tuple[str, Optional[torch.nn.Module]]:
+    """The innermost submodule of ``model`` whose method was running when ``exc`` was raised."""
+    paths = {id(module): path for path, module in model.named_modules()}
+    found: tuple[str, Optional[torch.nn.Module]] = ("", None)
+    tb = exc.__traceback__
+    while tb is not None:
+        owner = tb.tb_frame.f_locals.get("self")
+        if isinstance(owner, torch.nn.Module) and paths.get(id(owner)):
+            found = (paths[id(owner)], owner)
+        tb = tb.tb_next
+    return found
 
 
 def _user_frame(exc: BaseException) -> Optional[str]:

@@ -297,7 +297,7 @@ USER_DECLARED: dict[type, Primitive] = {}
 
 def load() -> Registry:
     """Import every rule module once; returns the populated registry."""
-    from qlint.rules.primitives import elementwise, layers, tensor_ops  # noqa: F401
+    from qlint.rules.primitives import elementwise, extra_ops, layers, tensor_ops  # noqa: F401
 
     return REGISTRY
 

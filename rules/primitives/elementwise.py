@@ -494,7 +494,6 @@ primitive(
         "aten.detach",
         "aten.alias",
         "aten.lift_fresh_copy",
-        "aten.copy",
         "aten.type_as",
     ],
     passthrough,

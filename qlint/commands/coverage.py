@@ -1,0 +1,105 @@
+"""``qlint coverage SPEC...``: every op a model uses and whether the registry bounds it.
+
+Exit codes: 0 when every op that can change a verdict is known, 1 when an unknown op
+lies in a residual block's cone *and* is computed from X_k (that block is
+uncertified), 2 when qlint could not run. Unknown ops elsewhere (attention masks,
+position ids, the embedding, the head) are listed but do not fail the run: no
+block's exponent depends on them.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Any, Optional
+
+import click
+
+from qlint.commands import fail_cleanly
+
+STATUS_STYLE = {"known": "green", "declared": "cyan", "unknown": "yellow"}
+
+
+@click.command("coverage")
+@click.argument("specs", nargs=-1, required=True, metavar="SPEC...")
+@click.option("--format", "output_format", type=click.Choice(["table", "json"]), default="table", help="Output format.")
+@click.option("--input-shape", "input_shapes", multiple=True, metavar="2,96,7", help="Shape of an example input when the spec gives none (repeatable).")
+@click.option("--input-dtype", default=None, help="dtype of the --input-shape tensors (default: float32).")
+@click.option("--mode", type=click.Choice(["train", "eval"]), default=None, help="Analyse in this mode (default: the model's own).")
+@click.option("--tracer", type=click.Choice(["symbolic_trace", "export", "make_fx"]), default=None, help="Try this tracer first.")
+@click.option("--device", default=None, help="Build and trace on this device, e.g. `meta` (no weights in memory).")
+@click.option("--isolated", is_flag=True, help="Ignore every configuration file ([tool.qlint.primitives] included).")
+@click.option("--traceback", "show_traceback", is_flag=True, help="Show the Python traceback of a failure.")
+def command(
+    specs: tuple[str, ...],
+    output_format: str,
+    input_shapes: tuple[str, ...],
+    input_dtype: Optional[str],
+    mode: Optional[str],
+    tracer: Optional[str],
+    device: Optional[str],
+    isolated: bool,
+    show_traceback: bool,
+) -> None:
+    """List the ops of each SPEC with the registry entry that bounds them.
+
+    Exit 1 when an unknown op leaves a residual block uncertified (it lies in the
+    block and depends on X_k); unknown ops that no block depends on are listed only.
+    """
+    with fail_cleanly(show_traceback):
+        from qlint.config import load_config
+
+        config = load_config(Path.cwd(), isolated=isolated).merge_cli(
+            models=list(specs), mode=mode, tracer=tracer, device=device, input_dtype=input_dtype,
+            input_shapes=list(input_shapes) or None,
+        )  # fmt: skip
+        coverages = [_coverage(spec, config) for spec in config.models]
+    if output_format == "json":
+        click.echo(json.dumps({"models": [c.to_dict() for c in coverages]}, indent=2))
+    else:
+        _print(coverages)
+    sys.exit(1 if any(c.blocking for c in coverages) else 0)
+
+
+def _coverage(spec: str, config: Any) -> Any:
+    from qlint.analysis import Options, load_model, run
+    from qlint.commands.check import _declare_primitives
+    from qlint.coverage import model_coverage
+
+    settings = config.options_for(spec)
+    options = Options(
+        mode=settings.mode,
+        tracer=settings.tracer,
+        device=settings.device,
+        threshold=settings.threshold,
+        input_shapes=[",".join(str(d) for d in shape) for shape in settings.input_shapes or ()],
+        input_dtype=settings.input_dtype or "float32",
+    )
+    loaded = load_model(spec, options)
+    _declare_primitives(loaded.model, config.primitives)
+    return model_coverage(run(loaded.model, loaded.inputs, spec=spec, options=options))
+
+
+def _print(coverages: list[Any]) -> None:
+    from rich.console import Console
+    from rich.table import Table
+    from rich.text import Text
+
+    console = Console()
+    for coverage in coverages:
+        table = Table(title=f"{coverage.spec}  [dim](tracer: {coverage.tracer})[/dim]", title_justify="left")
+        table.add_column("op")
+        table.add_column("count", justify="right")
+        table.add_column("status")
+        table.add_column("registry entry / blocks it leaves uncertified")
+        for use in coverage.ops:
+            detail = ", ".join(use.blocks) if use.blocking else "; ".join(use.entries)
+            status = f"{use.status} (in blocks)" if use.blocking else use.status
+            table.add_row(use.op, str(use.count), Text(status, style="bold red" if use.blocking else STATUS_STYLE[use.status]), detail)
+        console.print(table)
+        unknown = [use for use in coverage.ops if use.status == "unknown"]
+        console.print(
+            f"{coverage.spec}: {len(coverage.ops)} op kinds, {len(unknown)} unknown, "
+            f"{len(coverage.blocking)} of them in a residual block and computed from X_k"
+        )
