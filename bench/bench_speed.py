@@ -69,12 +69,21 @@ def measure(command: list[str]) -> dict:
                 "cpu": usage.ru_utime + usage.ru_stime, "rss_mb": usage.ru_maxrss / 1024}
 
 
+class Failed(Exception):
+    """A child exited non-zero; the message is its last line of stderr."""
+
+
 def timed_region(kind: str, spec: str) -> dict:
     """{"wall", "cpu"} seconds of the export alone or of qlint's whole analysis."""
     result = measure([sys.executable, "-c", WORKER, kind, spec])
     if result["code"] != 0:
-        raise SystemExit(f"{kind} {spec} failed:\n{result['stderr'][-2000:]}")
+        raise Failed(f"{kind}: {last_line(result['stderr'])}")
     return json.loads(result["stdout"].strip().splitlines()[-1])
+
+
+def last_line(text: str) -> str:
+    lines = text.strip().splitlines()
+    return lines[-1] if lines else "no output"
 
 
 def median(runs: list[dict], key: str) -> float:
@@ -90,12 +99,16 @@ def main() -> None:
     qlint = [sys.executable, "-m", "qlint"]
     rows = []
     for label, spec in models.items():
-        export = [timed_region("export", spec) for _ in range(args.repeat)]
-        analysis = [timed_region("qlint", spec) for _ in range(args.repeat)]
-        cli = [measure([*qlint, spec, "--format", "json", "--isolated", "--exit-zero"]) for _ in range(args.repeat)]
-        failed = [run for run in cli if run["code"] != 0]
-        if failed:
-            raise SystemExit(f"qlint {spec} failed:\n{failed[0]['stderr'][-2000:]}")
+        try:
+            export = [timed_region("export", spec) for _ in range(args.repeat)]
+            analysis = [timed_region("qlint", spec) for _ in range(args.repeat)]
+            cli = [measure([*qlint, spec, "--format", "json", "--isolated", "--exit-zero"]) for _ in range(args.repeat)]
+            failed = [run for run in cli if run["code"] != 0]
+            if failed:
+                raise Failed(f"CLI: {last_line(failed[0]['stderr'])}")
+        except Failed as failure:
+            rows.append((label, str(failure)))
+            continue
         rows.append((label, export, analysis, cli))
     helps = [measure([*qlint, "--help"])["wall"] for _ in range(max(args.repeat, 3))]
 
@@ -104,7 +117,11 @@ def main() -> None:
     header = (f"{'model':<27} {'export':>12} {'qlint':>12} {'overhead':>9} {'CLI end to end':>15} {'peak RSS MB':>12}")
     print(header)
     print("-" * len(header))
-    for label, export, analysis, cli in rows:
+    for label, *figures in rows:
+        if len(figures) == 1:
+            print(f"{label:<27} failed: {figures[0]}")
+            continue
+        export, analysis, cli = figures
         overhead = median(analysis, "cpu") / median(export, "cpu") - 1
         print(f"{label:<27} {median(export, 'wall'):>5.1f} / {median(export, 'cpu'):>4.1f} "
               f"{median(analysis, 'wall'):>5.1f} / {median(analysis, 'cpu'):>4.1f} {overhead:>9.0%} "

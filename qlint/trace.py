@@ -241,7 +241,7 @@ def _explain(model: torch.nn.Module, errors: list[tuple[str, BaseException]], no
     name = next((t for t in _TRACER_PREFERENCE if t in by_tracer), errors[-1][0])
     exc = by_tracer[name]
     path, owner = _failing_submodule(model, exc)
-    subject = f"`{path}` ({type(owner).__name__})" if path else type(model).__name__
+    subject = f"`{path}` ({type(owner).__name__})" if path else "its forward"
     where = _user_frame(exc)
     location = f" at {where}" if where else ""
     text = str(exc)

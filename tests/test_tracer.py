@@ -1,6 +1,6 @@
 """The tracer chain: which tracer runs, module paths on every path, opaque leaves, errors."""
 
-import os
+import json
 import textwrap
 
 import pytest
@@ -88,11 +88,44 @@ def test_declaring_the_leaf_in_pyproject_makes_it_traceable(untraceable):
     )
     result = invoke("net.py", "--format", "json", "--select", "QL1")
     assert result.exit_code == 0, result.output
-    import json
-
     model = json.loads(result.stdout)["models"][0]
     assert model["tracer"] == "symbolic_trace"
     assert [(b["name"], b["q"], b["dominant"]) for b in model["blocks"]] == [("layers.0", 0.0, "Gate"), ("layers.1", 0.0, "Gate")]
+
+
+SHAPE_LOOP = textwrap.dedent(
+    """
+    from torch import nn
+
+
+    class Unrolled(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.fc = nn.Linear(8, 8)
+
+        def forward(self, x):
+            for _ in range(x.shape[1]):
+                x = x + self.fc(x)
+            return x
+
+
+    def build_model():
+        return Unrolled()  # no example inputs
+    """
+)
+
+
+def test_without_inputs_the_error_asks_for_them(tmp_path, monkeypatch):
+    (tmp_path / "unrolled.py").write_text(SHAPE_LOOP)
+    monkeypatch.chdir(tmp_path)
+    result = invoke("unrolled.py", "--isolated")
+    assert result.exit_code == 2
+    [line] = result.stderr.strip().splitlines()
+    assert line.startswith("qlint: error: could not trace Unrolled: its forward at ")
+    assert "`for _ in range(x.shape[1]):`" in line and "(symbolic_trace); give --input-shape so torch.export can run it" in line
+    result = invoke("unrolled.py", "--isolated", "--input-shape", "2,3,8", "--select", "QL1", "--format", "json")
+    assert result.exit_code == 0, result.output
+    assert [b["q"] for b in json.loads(result.stdout)["models"][0]["blocks"]] == [1.0, 1.0, 1.0]
 
 
 # --- opaque leaves where torch.export inlines modules ------------------------------------

@@ -268,8 +268,11 @@ def register(cls: type, *, q: float, why: str, name: Optional[str] = None) -> ty
 
     ``q`` bounds the module's output in terms of its largest input:
     ``||M(x)|| <= c*||x||**q + b``. The justification is shown in reports, so say why
-    it holds. Usable as ``qlint.register(MyGate, q=0, why="output in [0, 1]")`` or as
-    a class decorator ``@functools.partial(qlint.register, q=0, why=...)``.
+    it holds. Usable as ``qlint.register(MyGate, q=0, why="output in [0, 1]")``, as
+    a class decorator ``@functools.partial(qlint.register, q=0, why=...)``, or from
+    ``pyproject.toml``: ``[tool.qlint.primitives] "pkg.mod.MyGate" = { q = 0, why = "..." }``.
+    symbolic_trace keeps the class as one leaf node; torch.export inlines it, and the ops
+    its forward produced form one opaque region instead (``qlint.propagate.leaf_regions``).
     """
     if q < 0:
         raise ValueError("an exponent is >= 0")
