@@ -112,8 +112,25 @@ def find_blocks(graph: fx.Graph, root_name: str = "model") -> list[ResidualBlock
     blocks = [b for b in candidates if b.root not in nested]
     for block in blocks:
         block.form, block.after = _form(block.root, module_path(block.root))
+    _settle_top_level_norms(blocks)
     _name(blocks, root_name)
     return blocks
+
+
+def _settle_top_level_norms(blocks: list[ResidualBlock]) -> None:
+    """At the top level no module owns the norm, so ask the stream instead.
+
+    In ``for layer: x = norm(x + f(x))`` each norm's output is the next block's X_k;
+    in ``for layer: x = x + f(norm(x))`` followed by a final norm only the last add
+    feeds a norm, and that norm is the model's head, not part of the block.
+    """
+    streams = {b.stream for b in blocks}
+    previous_post_norm = False
+    for block in blocks:
+        if block.form == "post-norm" and not module_path(block.root):
+            if block.after not in streams and not previous_post_norm:
+                block.form, block.after = "additive", None
+        previous_post_norm = block.form == "post-norm"
 
 
 def _terms(node: fx.Node, folded: set[fx.Node]) -> list[fx.Node]:

@@ -197,3 +197,25 @@ def test_registry_entries_are_justified():
         assert row in names, row
     for primitive in registry.primitives:
         assert primitive.why and primitive.q, primitive.name
+
+
+class TopLevelStack(nn.Module):
+    """Blocks written inline in the model's own forward: no module owns the add."""
+
+    def __init__(self, post_norm):
+        super().__init__()
+        self.post_norm = post_norm
+        self.fcs = nn.ModuleList(nn.Linear(D, D) for _ in range(3))
+        self.norms = nn.ModuleList(nn.LayerNorm(D) for _ in range(3))
+        self.final = nn.LayerNorm(D)
+
+    def forward(self, x):
+        for fc, norm in zip(self.fcs, self.norms):
+            x = norm(x + fc(x)) if self.post_norm else x + fc(norm(x))
+        return x if self.post_norm else self.final(x)
+
+
+@pytest.mark.parametrize(("post_norm", "form", "q"), [(True, "post-norm", 1), (False, "additive", 0)])
+def test_a_final_norm_after_top_level_blocks_is_not_post_ln(post_norm, form, q):
+    report = qlint.analyze(TopLevelStack(post_norm))
+    assert [(b.name, b.form, b.q) for b in report.blocks] == [(f"TopLevelStack#{i}", form, q) for i in (1, 2, 3)]
