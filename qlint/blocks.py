@@ -122,15 +122,17 @@ def _settle_top_level_norms(blocks: list[ResidualBlock]) -> None:
 
     In ``for layer: x = norm(x + f(x))`` each norm's output is the next block's X_k;
     in ``for layer: x = x + f(norm(x))`` followed by a final norm only the last add
-    feeds a norm, and that norm is the model's head, not part of the block.
+    feeds a norm, and after a pre-norm block that norm is the model's head, not part
+    of the block. A lone ``norm(x + f(x))`` stays a Post-LN update.
     """
     streams = {b.stream for b in blocks}
-    previous_post_norm = False
+    previous: Optional[Form] = None  # form of the previous top-level block
     for block in blocks:
-        if block.form == "post-norm" and not module_path(block.root):
-            if block.after not in streams and not previous_post_norm:
-                block.form, block.after = "additive", None
-        previous_post_norm = block.form == "post-norm"
+        if module_path(block.root):
+            continue
+        if block.form == "post-norm" and block.after not in streams and previous == "additive":
+            block.form, block.after = "additive", None
+        previous = block.form
 
 
 def _terms(node: fx.Node, folded: set[fx.Node]) -> list[fx.Node]:

@@ -304,6 +304,8 @@ def unscaled_deep_residual(analysis: Analysis) -> Iterable[Finding]:
     blocks = analysis.residual_blocks
     if len(blocks) < DEEP_STACK:
         return
+    if any(p.is_meta for p in analysis.traced.module.parameters()):
+        return  # built on meta: the initialisation has no values to inspect
     dependent = data_dependent(analysis.traced.graph)
     limit = 2 / math.sqrt(len(blocks))
     unscaled = [b for b in blocks if max(branch_scale(t, analysis, dependent) for t in b.terms) > limit]
