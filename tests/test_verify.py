@@ -390,3 +390,11 @@ def test_failed_run_is_not_recorded_and_retried(tmp_path, no_lint):
     again: list = []
     G.run_grid(configs, tmp_path, progress=False, log=lambda m: None, run_fn=_fake_run(again))
     assert again == [configs[1].key]
+
+
+def test_grid_filters():
+    c = G.build_grid(G.SCALES["small"], ["/x/ETTh1.csv"], backbones=["mamba"], variants=["free", "rmsnorm"],
+                     horizons=[96], depths=[8], n_seeds=3, steps=50)
+    assert [(x.variant, x.seed, x.horizon, x.depth, x.steps) for x in c] == [
+        (v, s, 96, 8, 50) for s in range(3) for v in ("free", "rmsnorm")
+    ]

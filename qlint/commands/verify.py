@@ -42,9 +42,16 @@ def command() -> None:
 @click.option("--steps", type=int, default=None, help="Override the scale's step budget.")
 @click.option("--backbone", "backbones", multiple=True, type=click.Choice(("mamba", "patchtst")),
               help="Restrict to these backbones (default: both).")
+@click.option("--variant", "variants", multiple=True,
+              type=click.Choice(("free", "rmsnorm", "preln", "periln", "linear")),
+              help="Restrict to these variants (default: all).")
+@click.option("--horizon", "horizons", multiple=True, type=int, help="Override the scale's horizons.")
+@click.option("--depth", "depths", multiple=True, type=int, help="Override the scale's depths.")
+@click.option("--seeds", "n_seeds", type=int, default=None, help="Override the number of seeds (0..N-1).")
 @click.option("--no-progress", is_flag=True, help="Plain log lines instead of a progress bar.")
 @click.option("--no-figures", is_flag=True, help="Skip the PNG figures.")
-def grid(scale, data, out, device, bf16, shard, workers, threads, steps, backbones, no_progress, no_figures):
+def grid(scale, data, out, device, bf16, shard, workers, threads, steps, backbones, variants, horizons, depths,
+         n_seeds, no_progress, no_figures):
     """Train the grid (resumable: finished runs in OUT/runs.jsonl are skipped), then write
     Table 2 and the Figure 3/4 MSE plots."""
     from qlint.verify import grid as G
@@ -73,7 +80,11 @@ def grid(scale, data, out, device, bf16, shard, workers, threads, steps, backbon
     except ValueError as exc:
         raise click.BadParameter(str(exc), param_hint="--shard") from None
     out = Path(out or Path("results") / scale)
-    configs = G.build_grid(sc, paths, device=device, bf16=bf16, steps=steps, backbones=backbones or None)
+    configs = G.build_grid(sc, paths, device=device, bf16=bf16, steps=steps, backbones=backbones or None,
+                           variants=variants or None, horizons=horizons or None, depths=depths or None,
+                           n_seeds=n_seeds)
+    if not configs:
+        raise click.UsageError("the selection is empty")
     configs = G.shard(configs, k, n)
     t0 = time.perf_counter()
 

@@ -112,25 +112,38 @@ def build_grid(
     bf16: bool = False,
     steps: Optional[int] = None,
     backbones: Optional[Iterable[str]] = None,
+    variants: Optional[Iterable[str]] = None,
+    horizons: Optional[Iterable[int]] = None,
+    depths: Optional[Iterable[int]] = None,
+    n_seeds: Optional[int] = None,
 ) -> list[RunConfig]:
     """The full grid in its canonical order (seed outermost, so a partial grid covers
     every cell once before any cell twice)."""
     from qlint.verify.data import dataset_name
 
     backbones = tuple(backbones or BACKBONES)
+    variants = set(variants) if variants else None
+    horizons = tuple(horizons or scale.horizons)
+    depths = tuple(depths or scale.depths)
     data_paths = list(data_paths)
     max_seeds = max(len(scale.seeds_for(p)) for p in data_paths)
+    if n_seeds:
+        max_seeds = n_seeds
     configs = []
     for si in range(max_seeds):
         for path in data_paths:
             seeds = scale.seeds_for(path)
+            if n_seeds:
+                seeds = tuple(range(n_seeds))
             if si >= len(seeds):
                 continue
             name = "synthetic" if path.startswith("synthetic") else dataset_name(path)
-            for horizon in scale.horizons:
-                for depth in scale.depths:
+            for horizon in horizons:
+                for depth in depths:
                     for backbone in backbones:
                         for variant in BACKBONES[backbone]:
+                            if variants and variant not in variants:
+                                continue
                             configs.append(
                                 RunConfig(
                                     backbone=backbone,
