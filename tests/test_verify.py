@@ -398,3 +398,12 @@ def test_grid_filters():
     assert [(x.variant, x.seed, x.horizon, x.depth, x.steps) for x in c] == [
         (v, s, 96, 8, 50) for s in range(3) for v in ("free", "rmsnorm")
     ]
+
+
+def test_bf16_autocast_run():
+    from qlint.verify.train import train_run
+
+    cfg = RunConfig("mamba", "rmsnorm", "synthetic", "synthetic:600:3:0", horizon=8, depth=1, seed=0,
+                    steps=2, batch_size=4, d_model=8, seq_len=16, eval_every=0, max_eval_windows=8, bf16=True)
+    rec = train_run(cfg)
+    assert rec["bf16"] and rec["steps"] == 2 and math.isfinite(rec["val_mse"])
