@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import math
 import os
 import sys
 from collections import Counter
@@ -24,6 +23,7 @@ from pathlib import Path
 from typing import IO, Any, Optional
 
 from qlint import __version__
+from qlint.algebra import format_q
 from qlint.report import Finding, ModelReport, Report, Source
 
 FORMATS = ("full", "concise", "json", "sarif", "github", "markdown")
@@ -53,17 +53,6 @@ GITHUB_LEVEL = {"error": "error", "warning": "warning", "info": "notice"}
 # ---------------------------------------------------------------------------
 # helpers
 # ---------------------------------------------------------------------------
-
-
-def format_q(q: Optional[float]) -> str:
-    """3.0 -> '3', 0.5 -> '0.5', inf -> '∞', None -> '?'."""
-    if q is None:
-        return "?"
-    if math.isinf(q):
-        return "∞"
-    if float(q).is_integer():
-        return str(int(q))
-    return f"{q:g}"
 
 
 def git_root(start: Optional[Path] = None) -> Path:

@@ -142,27 +142,35 @@ def _is_inline(arg: str) -> bool:
 
 
 def _analyse(config: Any, *, remedies: bool = False) -> Any:
-    from qlint.analysis import Options, load_model, run
+    from qlint.analysis import run
     from qlint.report import Report
     from qlint.suppress import apply_suppressions
 
     models = []
     for spec in config.models:
-        settings = config.options_for(spec)
-        options = Options(
-            mode=settings.mode,
-            tracer=settings.tracer,
-            device=settings.device,
-            threshold=settings.threshold,
-            input_shapes=[",".join(str(d) for d in shape) for shape in settings.input_shapes or ()],
-            input_dtype=settings.input_dtype or "float32",
-            remedies=remedies,
-        )
-        loaded = load_model(spec, options)
-        _declare_primitives(loaded.model, config.primitives)
+        loaded, options = prepare(config, spec, remedies=remedies)
         analysis = run(loaded.model, loaded.inputs, spec=spec, options=options)
         models.append(apply_suppressions(analysis.report, config))
     return Report(models)
+
+
+def prepare(config: Any, spec: str, *, remedies: bool = False) -> tuple[Any, Any]:
+    """Load ``spec`` with its settings from the config and its declared primitives."""
+    from qlint.analysis import Options, load_model
+
+    settings = config.options_for(spec)
+    options = Options(
+        mode=settings.mode,
+        tracer=settings.tracer,
+        device=settings.device,
+        threshold=settings.threshold,
+        input_shapes=[",".join(str(d) for d in shape) for shape in settings.input_shapes or ()],
+        input_dtype=settings.input_dtype or "float32",
+        remedies=remedies,
+    )
+    loaded = load_model(spec, options)
+    _declare_primitives(loaded.model, config.primitives)
+    return loaded, options
 
 
 def _declare_primitives(model: Any, declared: dict[str, tuple[float, str]]) -> None:

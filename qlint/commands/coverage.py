@@ -63,21 +63,11 @@ def command(
 
 
 def _coverage(spec: str, config: Any) -> Any:
-    from qlint.analysis import Options, load_model, run
-    from qlint.commands.check import _declare_primitives
+    from qlint.analysis import run
+    from qlint.commands.check import prepare
     from qlint.coverage import model_coverage
 
-    settings = config.options_for(spec)
-    options = Options(
-        mode=settings.mode,
-        tracer=settings.tracer,
-        device=settings.device,
-        threshold=settings.threshold,
-        input_shapes=[",".join(str(d) for d in shape) for shape in settings.input_shapes or ()],
-        input_dtype=settings.input_dtype or "float32",
-    )
-    loaded = load_model(spec, options)
-    _declare_primitives(loaded.model, config.primitives)
+    loaded, options = prepare(config, spec)
     return model_coverage(run(loaded.model, loaded.inputs, spec=spec, options=options))
 
 
