@@ -15,6 +15,17 @@ def fixture_spec(name: str) -> str:
     return str(FIXTURES / name)
 
 
+@pytest.fixture(autouse=True, scope="session")
+def single_thread():
+    """Test models are tiny: intra-op threads only add contention on a 2-core CPU."""
+    import torch
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
 @pytest.fixture(scope="session")
 def lint():
     """Analyse a fixture spec once per session (tracing costs up to a second)."""

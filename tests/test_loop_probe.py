@@ -19,14 +19,6 @@ import placement  # noqa: E402  (fixtures/placement.py)
 sys.path.remove(str(FIXTURES))
 
 
-@pytest.fixture(autouse=True, scope="module")
-def single_thread():
-    """The fixture is tiny: intra-op threads only add contention on a shared CPU."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
 
 @pytest.fixture(scope="module")
 def low_carry():

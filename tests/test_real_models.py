@@ -23,14 +23,6 @@ needs_transformers = pytest.mark.skipif(importlib.util.find_spec("transformers")
 needs_timm = pytest.mark.skipif(importlib.util.find_spec("timm") is None, reason="needs the [zoo] extra (timm)")
 
 
-@pytest.fixture(autouse=True, scope="module")
-def single_thread():
-    """Small models: intra-op threads only add contention on a shared CPU."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
 
 def lint(spec, *flags):
     """``qlint SPEC --format json`` restricted to the exponent rules: (exit code, model, findings)."""

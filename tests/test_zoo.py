@@ -25,14 +25,6 @@ MAMBA_VARIANTS = ["free", "rmsnorm", "preln", "periln", "linear"]
 NORM_VARIANTS = ["free", "rmsnorm", "preln", "periln"]
 
 
-@pytest.fixture(autouse=True, scope="module")
-def single_thread():
-    """These models are tiny: intra-op threads only add contention on a shared CPU."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
 
 def load_fixture(family):
     """Load fixtures/<family>.py by path, with its folder on sys.path, as qlint does."""
