@@ -29,6 +29,7 @@ from typing import Any, Optional
 
 from qlint import __version__
 from qlint.config import is_path_spec, split_spec
+from qlint.formats import relative_path
 from qlint.report import Finding, Report
 
 FORMAT_VERSION = 1
@@ -63,18 +64,9 @@ def normalize_model_spec(spec: str, root: Optional[Path] = None) -> str:
     target, attr = split_spec(spec)
     if not is_path_spec(target):
         return spec
-    root = (root or Path.cwd()).resolve()
-    path = Path(target)
-    if not path.is_absolute():
-        path = Path.cwd() / path
-    path = Path(os.path.normpath(path))
-    try:
-        rel = os.path.relpath(path, root)
-    except ValueError:
-        rel = str(path)
-    if rel.startswith(".."):
-        rel = str(path)
-    return rel.replace(os.sep, "/") + attr
+    absolute = os.path.normpath(Path.cwd() / target)
+    rel = relative_path(target, (root or Path.cwd()).resolve()) or absolute.replace(os.sep, "/")
+    return rel + attr
 
 
 def finding_key(spec: str, finding: Finding, root: Optional[Path] = None) -> Key:

@@ -64,7 +64,7 @@ def git_root(start: Optional[Path] = None) -> Path:
     return start
 
 
-def _relative(file: str, root: Path) -> Optional[str]:
+def relative_path(file: str, root: Path) -> Optional[str]:
     """``file`` relative to ``root`` with forward slashes; None if outside it."""
     path = Path(file)
     if not path.is_absolute():
@@ -81,7 +81,7 @@ def _relative(file: str, root: Path) -> Optional[str]:
 
 def display_path(file: str) -> str:
     """A path as shown to people: relative to the cwd when inside it."""
-    return _relative(file, Path.cwd().resolve()) or file
+    return relative_path(file, Path.cwd().resolve()) or file
 
 
 def _rules() -> dict[str, Any]:
@@ -182,7 +182,7 @@ def render_github(report: Report) -> str:
         props = []
         message = finding.message
         if finding.source is not None:
-            file = _relative(finding.source.file, root) or finding.source.file
+            file = relative_path(finding.source.file, root) or finding.source.file
             props += [f"file={escape_property(file)}", f"line={max(1, finding.source.line)}"]
         else:
             message = f"{model.spec}: {message}"
@@ -287,7 +287,7 @@ def _fallback_file(spec: str) -> Optional[str]:
 
 
 def _physical_location(file: str, line: int, root: Path) -> dict[str, Any]:
-    rel = _relative(file, root)
+    rel = relative_path(file, root)
     if rel is not None:
         artifact = {"uri": rel, "uriBaseId": "%SRCROOT%"}
     else:
