@@ -59,6 +59,9 @@ def q_of(branch, *, mode=None, inputs=True):
         (lambda m, h: torch.exp(torch.tanh(h)), 0),  # exp of a bounded argument is bounded
         (lambda m, h: torch.log(1 + torch.exp(h)), math.inf),  # softplus by hand: exp(h) is unbounded
         (lambda m, h: torch.log1p(torch.relu(h)), 1),
+        (lambda m, h: h * h.norm().item(), 2),  # .item() carries the data's growth
+        (lambda m, h: torch.zeros_like(h).fill_(h.sum()) * h, 2),  # the fill value grows
+        (lambda m, h: torch.full_like(h, 2.0) * h + torch.zeros_like(h), 1),  # a template only
     ],
 )
 def test_exponent(branch, q):

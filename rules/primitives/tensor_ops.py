@@ -170,15 +170,55 @@ primitive(
     lambda call: Growth(0.0, depends=first(call).depends, sign=NONNEG),
 )
 
-_CONSTRUCTORS = ["zeros_like", "ones_like", "full_like", "empty_like", "rand_like", "randn_like", "new_zeros", "new_ones", "new_full", "new_empty", "new_tensor", "size", "dim", "numel", "sym_size", "sym_numel", "sym_stride", "stride", "zero_", "fill_", "fill", "bernoulli", "_local_scalar_dense", "item", "scalar_tensor", "arange", "zeros", "ones", "full", "empty", "lift_fresh", "_assert_tensor_metadata", "sym_constrain_range_for_size", "_assert_scalar"]
+_SHAPE_ONLY = ["zeros_like", "ones_like", "empty_like", "rand_like", "randn_like", "new_zeros", "new_ones", "new_empty", "size", "dim", "numel", "sym_size", "sym_numel", "sym_stride", "stride", "zero_", "zeros", "ones", "empty", "lift_fresh", "_assert_tensor_metadata", "sym_constrain_range_for_size", "_assert_scalar"]
 
 primitive(
-    "Constructors and shape queries",
+    "Shape queries and shape-only constructors",
     "0",
-    """x.size(), zeros_like(x), arange(n), ...: their values depend on the input's shape or
-    on constants, never on its magnitude.""",
-    [f"{prefix}{n}" for n in _CONSTRUCTORS for prefix in ("torch.", "aten.", "method:")] + ["torch.Tensor.size"],
+    """x.size(), zeros_like(x), ones(n), ...: their values depend on the input's shape
+    or on constants, never on its magnitude.""",
+    [f"{prefix}{n}" for n in _SHAPE_ONLY for prefix in ("torch.", "aten.", "method:")] + ["torch.Tensor.size"],
     lambda call: CONSTANT,
+)
+
+
+def _filled(call: Call) -> Growth:
+    """The value written is what grows: full_like(x, v) and x.fill_(v) carry v, not x."""
+    values = [a for i, a in enumerate(call.args) if i > 0 or not _is_template(call)]
+    return summed(Call(call.node, tuple(values), dict(call.kwargs)))
+
+
+def _is_template(call: Call) -> bool:
+    """*_like / new_* / fill take a tensor only for its shape, dtype and device."""
+    name = str(getattr(call.node.target, "__name__", call.node.target))
+    return any(key in name for key in ("_like", "new_", "fill"))
+
+
+primitive(
+    "Constructors filled with a value",
+    "q of the value",
+    """full(size, v), full_like(x, v), x.new_full(size, v), x.fill_(v), scalar_tensor(v),
+    arange(n): every entry is (at most) the given value, whose growth is what counts; the
+    template tensor contributes only its shape.""",
+    [f"{prefix}{n}" for n in ("full", "full_like", "new_full", "fill", "fill_", "scalar_tensor", "new_tensor", "arange") for prefix in ("torch.", "aten.", "method:")],
+    _filled,
+)
+
+primitive(
+    "Scalar extraction (item)",
+    "q",
+    """x.item() (aten._local_scalar_dense) turns a data-dependent value into a Python
+    number: it carries the growth of x, it is not a constant.""",
+    ["method:item", "aten._local_scalar_dense", "aten.item"],
+    passthrough,
+)
+
+primitive(
+    "Bernoulli sampling",
+    "0",
+    "Samples are 0 or 1 whatever the probabilities: bounded, but possibly 0 (no safe denominator).",
+    ["torch.bernoulli", "aten.bernoulli", "method:bernoulli"],
+    lambda call: Growth(0.0, depends=first(call).depends, sign=NONNEG),
 )
 
 _METADATA_ATTRIBUTES = {"shape", "dtype", "device", "ndim", "is_cuda", "requires_grad", "layout", "is_sparse"}
