@@ -62,6 +62,8 @@ def q_of(branch, *, mode=None, inputs=True):
         (lambda m, h: h * h.norm().item(), 2),  # .item() carries the data's growth
         (lambda m, h: torch.zeros_like(h).fill_(h.sum()) * h, 2),  # the fill value grows
         (lambda m, h: torch.full_like(h, 2.0) * h + torch.zeros_like(h), 1),  # a template only
+        (lambda m, h: torch.lerp(h, 2 * h, 0.5), 1),
+        (lambda m, h: torch.lerp(h, torch.zeros_like(h), h), 2),  # an input-dependent weight multiplies
     ],
 )
 def test_exponent(branch, q):

@@ -35,14 +35,6 @@ FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
 FEW_DIRECTIONS = ProbeSettings(random_directions=2, power_iterations=10)
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    """Probing evaluates many small tensors: one intra-op thread avoids oversubscription."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
 
 def spec(name: str) -> str:
     return str(FIXTURES / name)

@@ -10,7 +10,6 @@ static one. This bounded run is the CI guard against an unsound rule;
 from __future__ import annotations
 
 import pytest
-import torch
 from hypothesis import HealthCheck, given, settings
 
 from qlint.probe import ProbeSettings, measure_model
@@ -18,13 +17,6 @@ from qlint.probe_architectures import Input, NestedResidual, Normalization, Powe
 
 SETTINGS = ProbeSettings(random_directions=4)
 
-
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
 
 
 def check_soundness(expression, seed: int) -> None:

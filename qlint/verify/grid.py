@@ -21,6 +21,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Callable, Iterable, Optional
 
+from qlint.algebra import format_q
 from qlint.verify.train import KEY_FIELDS, RunConfig, run_key
 
 BACKBONES: dict[str, tuple[str, ...]] = {
@@ -299,7 +300,7 @@ def lint_all(
         try:
             entry = lint_config(cfg, n_vars_of(cfg.data))
             entry["seconds"] = round(time.perf_counter() - t0, 2)
-            log(f"lint {key}: q = {_fmt_q(entry['q'])} ({entry['verdict']}) [{entry['seconds']:.1f}s]")
+            log(f"lint {key}: q = {format_q(entry['q'])} ({entry['verdict']}) [{entry['seconds']:.1f}s]")
         except Exception as exc:  # noqa: BLE001 - the grid must go on; q stays unknown
             entry = {"q": None, "verdict": None, "error": f"{type(exc).__name__}: {exc}"[:500]}
             log(f"lint {key}: FAILED ({entry['error'][:120]})")
@@ -312,12 +313,6 @@ def lint_all(
         cache_path.parent.mkdir(parents=True, exist_ok=True)
         cache_path.write_text(json.dumps(cache, indent=1, sort_keys=True) + "\n")
     return cache
-
-
-def _fmt_q(q) -> str:
-    if q is None:
-        return "?"
-    return f"{q:g}"
 
 
 # ---------------------------------------------------------------------- workers
@@ -413,7 +408,7 @@ def run_grid(
     def describe(rec: dict[str, Any]) -> str:
         mse = rec.get("val_mse")
         return (
-            f"{rec['backbone']}/{rec['variant']} q={_fmt_q(rec.get('q'))} {rec['dataset']} "
+            f"{rec['backbone']}/{rec['variant']} q={format_q(rec.get('q'))} {rec['dataset']} "
             f"H={rec['horizon']} L={rec['depth']} seed={rec['seed']}: "
             f"val {mse if mse is None else f'{mse:.4f}'} "
             f"{'BLEW UP (' + rec['blowup_reason'] + ')' if rec['blew_up'] else 'ok'} "

@@ -10,12 +10,12 @@ from __future__ import annotations
 import csv
 import io
 import json
-import math
 import statistics
 from collections import defaultdict
 from pathlib import Path
 from typing import Any, Iterable, Optional
 
+from qlint.algebra import format_q
 from qlint.verify.grid import BACKBONES, read_runs
 from qlint.verify.train import run_key
 
@@ -27,14 +27,6 @@ VARIANT_NAMES = {
     "periln": "Peri-LN",
     "linear": "linear growth",
 }
-
-
-def fmt_q(q: Optional[float]) -> str:
-    if q is None:
-        return "?"
-    if isinstance(q, float) and math.isinf(q):
-        return "inf"
-    return f"{q:g}"
 
 
 def _order(backbone: str, variant: str) -> tuple:
@@ -100,12 +92,7 @@ def table2(runs: list[dict[str, Any]]) -> tuple[list[str], list[list[str]]]:
         cells[(r["backbone"], r["variant"], r["depth"], r["dataset"], r["horizon"])].append(bool(r["blew_up"]))
     rows = []
     for backbone, variant, depth in _row_keys(runs):
-        row = [
-            BACKBONE_NAMES.get(backbone, backbone),
-            VARIANT_NAMES.get(variant, variant),
-            fmt_q(_row_q(runs, backbone, variant, depth)),
-            str(depth),
-        ]
+        row = _row_label(runs, backbone, variant, depth)
         tot_k = tot_n = 0
         for d, h in cols:
             flags = cells.get((backbone, variant, depth, d, h), [])
@@ -120,6 +107,16 @@ def table2(runs: list[dict[str, Any]]) -> tuple[list[str], list[list[str]]]:
     return header, rows
 
 
+def _row_label(runs: list[dict[str, Any]], backbone: str, variant: str, depth: int) -> list[str]:
+    """The leading cells of a Table 2 row: backbone, variant, qlint's q, depth."""
+    return [
+        BACKBONE_NAMES.get(backbone, backbone),
+        VARIANT_NAMES.get(variant, variant),
+        format_q(_row_q(runs, backbone, variant, depth)),
+        str(depth),
+    ]
+
+
 def mse_table(runs: list[dict[str, Any]], field: str = "test_mse") -> tuple[list[str], list[list[str]]]:
     """Mean ``field`` over the surviving seeds of each cell (``×`` where all blew up)."""
     runs = latest(runs)
@@ -127,12 +124,7 @@ def mse_table(runs: list[dict[str, Any]], field: str = "test_mse") -> tuple[list
     header = ["Backbone", "Variant", "q", "L"] + [f"{d} H{h}" for d, h in cols]
     rows = []
     for backbone, variant, depth in _row_keys(runs):
-        row = [
-            BACKBONE_NAMES.get(backbone, backbone),
-            VARIANT_NAMES.get(variant, variant),
-            fmt_q(_row_q(runs, backbone, variant, depth)),
-            str(depth),
-        ]
+        row = _row_label(runs, backbone, variant, depth)
         for d, h in cols:
             sel = [
                 r for r in runs
@@ -182,7 +174,7 @@ def summary_lines(runs: list[dict[str, Any]]) -> list[str]:
         rs = per[(backbone, variant)]
         k = sum(bool(r["blew_up"]) for r in rs)
         qs = {r.get("q") for r in rs} - {None}
-        q = fmt_q(max(qs)) if qs else "?"
+        q = format_q(max(qs)) if qs else "?"
         depths = sorted({r["depth"] for r in rs})
         by_depth = ", ".join(
             f"L={d}: {sum(bool(r['blew_up']) for r in rs if r['depth'] == d)}/{sum(1 for r in rs if r['depth'] == d)}"

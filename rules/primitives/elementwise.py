@@ -161,10 +161,24 @@ primitive(
         "method:__radd__",
         "method:__sub__",
         "method:__rsub__",
-        "aten.lerp",
-        "torch.lerp",
     ],
     summed,
+)
+
+
+def _lerp(call: Call) -> Growth:
+    """lerp(a, b, w) = a + w * (b - a): a sum with a Hadamard product by the weight."""
+    a, b, weight = call.growth(0, "input"), call.growth(1, "end"), call.growth(2, "weight")
+    step = multiplied(Call(call.node, (weight, summed(Call(call.node, (a, b), {}))), {}))
+    return summed(Call(call.node, (a, step), {}))
+
+
+primitive(
+    "Linear interpolation (lerp)",
+    "max(q_a, q_w + max(q_a, q_b))",
+    "lerp(a, b, w) = a + w(b - a): Theorem 9(ii) for the sum, 9(iii) for the weighted step.",
+    ["torch.lerp", "aten.lerp", "method:lerp"],
+    _lerp,
 )
 
 
