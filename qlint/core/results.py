@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal, Optional
 
 from qlint import __version__
-from qlint.algebra import Exponent
+from qlint.core.algebra import Exponent
 
 Severity = Literal["error", "warning", "info"]
 BlockStatus = Literal["ok", "supercritical", "uncertified"]
@@ -62,7 +62,12 @@ class DerivationStep:
 
 @dataclass
 class Block:
-    """One residual update X_{k+1} = X_k + v(X_k) and the exponent of v."""
+    """One residual update X_{k+1} = F(X_k) and the exponent of its velocity F - id.
+
+    ``form`` is ``additive`` for X + v(X) (q is that of v), ``scaled`` for any other join
+    (alpha X + f(X), lerp: q <= max(1, q(F))), or ``post-norm`` / ``post-activation`` when
+    the join is followed by a norm / ReLU of the block's own module (LN(X + f(X))).
+    """
 
     name: str
     index: int
@@ -71,7 +76,7 @@ class Block:
     derivation: list[DerivationStep]
     dominant: str = ""
     source: Optional[Source] = None
-    form: Literal["additive", "post-norm", "post-activation"] = "additive"
+    form: Literal["additive", "scaled", "post-norm", "post-activation"] = "additive"
     unknown_ops: list[str] = field(default_factory=list)
     extra: dict[str, Any] = field(default_factory=dict)
 
@@ -83,6 +88,37 @@ class Block:
             "status": self.status,
             "dominant": self.dominant,
             "form": self.form,
+            "source": self.source.to_dict() if self.source else None,
+            "derivation": [step.to_dict() for step in self.derivation],
+        }
+        if self.unknown_ops:
+            data["unknown_ops"] = list(self.unknown_ops)
+        data.update(self.extra)
+        return data
+
+
+@dataclass
+class Transition:
+    """The stream ops between blocks (a norm between Post-LN blocks, a downsampling stage),
+    with the exponent of the map from the previous blocks' output to the next block's input."""
+
+    name: str
+    index: int
+    q: Exponent
+    status: BlockStatus
+    derivation: list[DerivationStep]
+    dominant: str = ""
+    source: Optional[Source] = None
+    unknown_ops: list[str] = field(default_factory=list)
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    def to_dict(self) -> dict[str, Any]:
+        data = {
+            "name": self.name,
+            "index": self.index,
+            "q": _json_q(self.q),
+            "status": self.status,
+            "dominant": self.dominant,
             "source": self.source.to_dict() if self.source else None,
             "derivation": [step.to_dict() for step in self.derivation],
         }
@@ -122,6 +158,8 @@ class ModelReport:
     blocks: list[Block]
     findings: list[Finding] = field(default_factory=list)
     threshold: float = 1.0
+    transitions: list[Transition] = field(default_factory=list)
+    uncovered: list[str] = field(default_factory=list)  # why part of the stream is outside the analysis
     extra: dict[str, Any] = field(default_factory=dict)
 
     @property
@@ -140,9 +178,11 @@ class ModelReport:
 
     @property
     def verdict(self) -> Verdict:
-        if any(b.status == "uncertified" for b in self.blocks):
+        """certified only when every block and transition was found and bounded (fail closed)."""
+        parts = [*self.blocks, *self.transitions]
+        if self.uncovered or not self.blocks or any(p.status == "uncertified" for p in parts):
             return "uncertified"
-        if any(b.status == "supercritical" for b in self.blocks):
+        if any(p.status == "supercritical" for p in parts):
             return "supercritical"
         return "certified"
 
@@ -163,6 +203,8 @@ class ModelReport:
             "share_q1": self.share_q1,
             "threshold": self.threshold,
             "blocks": [b.to_dict() for b in self.blocks],
+            "transitions": [t.to_dict() for t in self.transitions],
+            "uncovered": list(self.uncovered),
             "findings": [f.to_dict() for f in self.findings],
         }
         data.update(self.extra)

@@ -1,0 +1,431 @@
+"""Find the residual stream of a traced graph: its blocks and the transitions between them.
+
+A **block** is a stream-to-stream map X_{k+1} = F_k(X_k) whose join combines the block
+input X_k, through a skip path, with terms computed from X_k. The join is found by
+meaning, not by spelling: any linear combination (``add``, ``sub``, ``addcmul``,
+``lerp``, ``index_add``, ``addmm`` ...) is decomposed into signed, scaled terms through
+the sums that only feed it, and a term that carries X_k through value-preserving copies
+is the skip. When X_k enters with coefficient exactly 1 the block is *additive*,
+X + v(X), and its velocity v (the join with the skip replaced by 0) keeps its own
+exponent; otherwise (``alpha*x + f(x)``, ``lerp``, ``-x + f(x)``) the velocity is
+F - id and q <= max(1, q(F)) (Theorem 9(ii), (iv)).
+
+A join inside another block's velocity (the ``x + 0.044715 x^3`` of a tanh-GELU) is
+part of that block: it is *nested* when the outer join post-dominates it (all of its
+influence on the outputs goes through the outer block). The blocks that remain are
+chained along stream paths (paths that do not enter another block's velocity); the ops
+between consecutive blocks form a **transition** (a norm between Post-LN blocks, a
+downsampling stage, a projection), analysed from the previous block's output.
+
+Every value a block or a transition reads from outside (a *side input*) is either a
+**condition** (an encoder output, a mask, an injected embedding: it does not depend on
+the stream) or an **older stream value** (a dense skip): the latter is outside the
+per-block analysis and reported, never certified.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Literal, Optional
+
+import torch.fx as fx
+
+from qlint.core.graph import GraphFacts, facts, module_path, module_stack, shape_of
+from qlint.core.relations import strip
+
+Form = Literal["additive", "scaled"]
+Post = Literal["", "post-norm", "post-activation"]
+
+# Joins: the op ids (registry entries) that combine their arguments linearly, and the
+# argument that carries a term in each.
+_EXACT = {"add", "sub", "rsub", "addcmul", "addcdiv", "addmm", "write"}
+_NORMS = {"layer_norm", "native_layer_norm", "rms_norm", "_fused_rms_norm", "group_norm", "native_group_norm", "normalize"}
+
+
+@dataclass(frozen=True)
+class Term:
+    """One term of a join: ``coefficient * node`` reached through ``path``.
+
+    ``path`` lists (node, argument name) from the join down to the argument that holds
+    the term, so the term can be replaced by 0 (the velocity of an additive block).
+    """
+
+    node: fx.Node
+    coefficient: Optional[float]  # a known number, None when the factor is not constant
+    path: tuple[tuple[fx.Node, str], ...]
+
+
+@dataclass
+class Block:
+    """One residual update found in the graph."""
+
+    join: fx.Node
+    stream: fx.Node  # X_k
+    skip: Term
+    terms: list[Term]  # the velocity terms (every term but the skip)
+    form: Form
+    region: list[fx.Node] = field(default_factory=list)  # nodes from X_k (excluded) to the join (included)
+    side: list[fx.Node] = field(default_factory=list)  # input-derived values read from outside the region
+    older: list[fx.Node] = field(default_factory=list)  # side inputs that are older stream values
+    name: str = ""
+    index: int = 0
+    post: Post = ""
+    post_node: Optional[fx.Node] = None
+    predecessors: list["Block"] = field(default_factory=list)
+
+    @property
+    def region_set(self) -> frozenset[fx.Node]:
+        return frozenset(self.region)
+
+
+@dataclass
+class Transition:
+    """The stream ops between blocks: from the previous blocks' outputs to a block's input."""
+
+    sources: list[fx.Node]  # the joins of the preceding blocks
+    target: fx.Node  # the next block's input X_k
+    region: list[fx.Node]
+    side: list[fx.Node] = field(default_factory=list)
+    older: list[fx.Node] = field(default_factory=list)
+    name: str = ""
+    after: list[Block] = field(default_factory=list)
+    before: Optional[Block] = None
+
+
+@dataclass
+class Stream:
+    """The residual stream: blocks in execution order and the transitions between them."""
+
+    blocks: list[Block]
+    transitions: list[Transition]
+    nested: list[Block] = field(default_factory=list)
+
+
+# --- joins ---------------------------------------------------------------------------------------
+
+
+def _arg(node: fx.Node, name: str, default=None):
+    bound = facts(node).bound
+    if bound is None:
+        return default
+    return bound.arguments.get(name, bound.defaults.get(name, default))
+
+
+def _number(value) -> Optional[float]:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return None
+    return float(value)
+
+
+def _product(a: Optional[float], b: Optional[float]) -> Optional[float]:
+    return None if a is None or b is None else a * b
+
+
+def join_terms(node: fx.Node, graph: GraphFacts) -> Optional[list[Term]]:
+    """The terms of a linear combination (None when the node is not a join)."""
+    if "sum" not in facts(node).family:
+        return None
+    return _terms(node, graph, 1.0, ())
+
+
+def _terms(node: fx.Node, graph: GraphFacts, scale: Optional[float], path: tuple) -> list[Term]:
+    op = facts(node).op
+    out: list[Term] = []
+
+    def operand(arg_name: str, coefficient: Optional[float]) -> None:
+        value = _arg(node, arg_name)
+        if not isinstance(value, fx.Node) or value not in graph.data:
+            return
+        out.extend(_expand(value, graph, _product(scale, coefficient), path + ((node, arg_name),)))
+
+    alpha = _number(_arg(node, "alpha", 1))
+    if op == "add":
+        operand("input", 1.0)
+        operand("other", alpha)
+    elif op == "sub":
+        operand("input", 1.0)
+        operand("other", None if alpha is None else -alpha)
+    elif op == "rsub":
+        operand("other", 1.0)
+        operand("input", None if alpha is None else -alpha)
+    elif op in ("addcmul", "addcdiv"):
+        operand("input", 1.0)
+        out.extend(_opaque(node, graph, ("tensor1", "tensor2"), path))
+    elif op == "addmm":
+        operand("input", _number(_arg(node, "beta", 1)))
+        out.extend(_opaque(node, graph, ("mat1", "mat2", "batch1", "batch2", "mat", "vec", "vec1", "vec2"), path))
+    elif op == "lerp":
+        weight = _number(_arg(node, "weight"))
+        operand("input", None if weight is None else 1.0 - weight)
+        operand("end", weight)
+        if weight is None:
+            out.extend(_opaque(node, graph, ("weight",), path))
+    elif op == "write" and _accumulates(node):
+        operand("input", 1.0)
+        out.extend(_opaque(node, graph, ("src", "source", "values"), path))
+    return out
+
+
+def _accumulates(node: fx.Node) -> bool:
+    from qlint.core.ops import op_name
+
+    return op_name(node) in ("index_add", "scatter_add", "index_add_", "scatter_add_") or (
+        op_name(node).startswith("index_put") and _arg(node, "accumulate", False) is True)
+
+
+def _opaque(node: fx.Node, graph: GraphFacts, names: tuple[str, ...], path: tuple) -> list[Term]:
+    """Arguments that enter a join through a product (addcmul's a * b): one term, no coefficient."""
+    out = []
+    for arg_name in names:
+        value = _arg(node, arg_name)
+        if isinstance(value, fx.Node) and value in graph.data:
+            out.append(Term(value, None, path + ((node, arg_name),)))
+    return out
+
+
+def _expand(node: fx.Node, graph: GraphFacts, scale: Optional[float], path: tuple) -> list[Term]:
+    """Fold sums and constant scalings that feed only this join into its terms."""
+    if len(graph.children.get(node, ())) == 1 and len(node.users) == 1:
+        info = facts(node)
+        if "sum" in info.family and info.op in ("add", "sub", "rsub"):
+            return _terms(node, graph, scale, path)
+        if info.op == "neg":
+            return _expand(_arg(node, "input"), graph, _product(scale, -1.0), path + ((node, "input"),))
+        if info.op in ("mul", "div"):
+            a, b = _arg(node, "input"), _arg(node, "other")
+            factor = _number(b)
+            if factor is not None and isinstance(a, fx.Node) and (info.op == "mul" or factor != 0):
+                factor = factor if info.op == "mul" else 1.0 / factor
+                return _expand(a, graph, _product(scale, factor), path + ((node, "input"),))
+            factor = _number(a)
+            if info.op == "mul" and factor is not None and isinstance(b, fx.Node):
+                return _expand(b, graph, _product(scale, factor), path + ((node, "other"),))
+    return [Term(node, scale, path)]
+
+
+def carried(node: fx.Node) -> fx.Node:
+    """The value a skip term carries: through copies, floating casts, identity reshapes and
+    multiplications by exactly 1 (``x[..., :] * 1.0``)."""
+    while True:
+        stripped = strip(node)
+        if stripped is not node:
+            node = stripped
+            continue
+        info = facts(node) if "qlint" in node.meta else None
+        if info is not None and info.op == "view":
+            source = _arg(node, "input")
+            if isinstance(source, fx.Node) and _same_values(node, source):
+                node = source
+                continue
+        if info is not None and info.op in ("mul", "div") and _number(_arg(node, "other")) == 1.0 and isinstance(_arg(node, "input"), fx.Node):
+            node = _arg(node, "input")
+            continue
+        return node
+
+
+def _same_values(view: fx.Node, source: fx.Node) -> bool:
+    """A view whose output provably equals its input: same shape, and an op that keeps the
+    order of entries (reshape / view / expand / contiguous-like, or a full slice)."""
+    from qlint.core.ops import op_name
+
+    shape_out, shape_in = shape_of(view), shape_of(source)
+    if shape_out is None or shape_in is None or shape_out != shape_in:
+        return False
+    name = op_name(view)
+    if name in ("view", "reshape", "_unsafe_view", "expand", "expand_as", "view_as", "reshape_as", "flatten",
+                "unflatten", "squeeze", "unsqueeze", "broadcast_to", "alias", "_reshape_alias"):
+        return True
+    if name in ("slice", "narrow"):
+        return True  # a slice with the input's shape is the whole input
+    if name == "getitem":
+        index = _arg(view, "index")
+        parts = index if isinstance(index, tuple) else (index,)
+        return all(p is Ellipsis or p is None or (isinstance(p, slice) and p.step in (None, 1)) for p in parts)
+    return False
+
+
+# --- the stream ----------------------------------------------------------------------------------
+
+
+def find_stream(graph: GraphFacts, root_name: str = "model") -> Stream:
+    """Every top-level block in execution order, the transitions between them, their names."""
+    candidates = [b for b in (_as_block(j, graph) for j in graph.nodes if j in graph.data) if b is not None]
+    for block in candidates:
+        block.region = graph.region([block.stream], block.join)
+    by_join = {b.join: b for b in candidates}
+    nested, blocks = [], []
+    for block in candidates:
+        if not graph.reaches_output(block.join) or _is_nested(block, by_join, graph):
+            nested.append(block)
+        else:
+            blocks.append(block)
+    blocks.sort(key=lambda b: graph.order[b.join])
+    transitions = _chain(blocks, graph)
+    for index, block in enumerate(blocks):
+        block.index = index
+        block.post, block.post_node = _post(block, graph)
+    _name(blocks, root_name)
+    for transition in transitions:
+        transition.name = _transition_name(transition)
+    return Stream(blocks=blocks, transitions=transitions, nested=nested)
+
+
+def _as_block(join: fx.Node, graph: GraphFacts) -> Optional[Block]:
+    """The block rooted at this join, if one term carries X_k and another depends on it."""
+    terms = join_terms(join, graph) if "qlint" in join.meta else None
+    if not terms or len(terms) < 2:
+        return None
+    join_shape = shape_of(join)
+    best: Optional[tuple[int, int, Term, fx.Node]] = None
+    for term in terms:
+        stream = carried(term.node)
+        if stream not in graph.data:
+            continue
+        stream_shape = shape_of(stream)
+        if join_shape is not None and stream_shape is not None and stream_shape != join_shape:
+            continue  # a term broadcast up to the join is a bias, not X_k
+        others = [t for t in terms if t is not term]
+        dependent = [t for t in others if graph.depends_on(t.node, stream) and carried(t.node) is not stream]
+        if not dependent or any(graph.is_ancestor(t.node, stream) for t in others):
+            continue
+        key = (len(dependent), graph.order[stream])
+        if best is None or key > best[:2]:
+            best = (*key, term, stream)
+    if best is None:
+        return None
+    _, _, skip, stream = best
+    velocity = [t for t in terms if t is not skip]
+    repeated = any(carried(t.node) is stream for t in velocity)
+    exact = facts(join).op in _EXACT and skip.coefficient == 1.0 and not repeated and all(
+        facts(node).op in _EXACT or facts(node).op in ("neg", "mul", "div") for node, _ in skip.path)
+    return Block(join=join, stream=stream, skip=skip, terms=velocity, form="additive" if exact else "scaled")
+
+
+def _is_nested(block: Block, by_join: dict[fx.Node, Block], graph: GraphFacts) -> bool:
+    """Inside the velocity of another join that post-dominates it."""
+    for outer in by_join.values():
+        if outer is block:
+            continue
+        if graph.is_ancestor(outer.stream, block.join) and outer.stream is not block.join and \
+                graph.is_ancestor(block.join, outer.join) and graph.postdominates(outer.join, block.join):
+            return True
+    return False
+
+
+def _chain(blocks: list[Block], graph: GraphFacts) -> list[Transition]:
+    """Link blocks along stream paths; make a transition wherever ops lie between them; classify
+    every side input as a condition or an older stream value."""
+    interiors: set[fx.Node] = set()
+    for block in blocks:
+        interiors.update(n for n in block.region if n is not block.join)
+    index = {node: i for i, node in enumerate(n for n in graph.nodes if n in graph.data)}
+    bits: dict[fx.Node, int] = {}
+    for node in graph.nodes:
+        if node not in graph.data or node in interiors:
+            continue
+        value = 0
+        for parent in graph.parents.get(node, ()):
+            if parent in bits:
+                value |= bits[parent] | (1 << index[parent])
+        bits[node] = value
+
+    def before(a: fx.Node, b: fx.Node) -> bool:  # a reaches b along a stream path (or is b)
+        return a is b or (b in bits and a in index and bool((bits[b] >> index[a]) & 1))
+
+    transitions: list[Transition] = []
+    for j, block in enumerate(blocks):
+        if block.stream in interiors:
+            continue
+        candidates = [b for b in blocks[:j] if before(b.join, block.stream)]
+        direct = [b for b in candidates if not any(c is not b and before(b.join, c.stream) for c in candidates)]
+        block.predecessors = direct
+        if not direct or (len(direct) == 1 and direct[0].join is block.stream):
+            continue
+        sources = [b.join for b in direct]
+        mask = 0
+        for s in sources:
+            mask |= 1 << index[s]
+        target_bits = bits.get(block.stream, 0) | (1 << index[block.stream])
+        region = [n for n in graph.nodes if n in bits and n not in sources and (target_bits >> index[n]) & 1 and bits[n] & mask]
+        transitions.append(Transition(sources=sources, target=block.stream, region=region, after=direct, before=block))
+    position = {id(b): i for i, b in enumerate(blocks)}
+    chains: dict[int, set[int]] = {}
+    for j, block in enumerate(blocks):
+        chain: set[int] = set()
+        for p in block.predecessors:
+            chain.add(position[id(p)])
+            chain |= chains.get(position[id(p)], set())
+        chains[j] = chain
+    for j, block in enumerate(blocks):
+        block.side = graph.side_inputs(block.region, [block.stream])
+        streams = [block.stream] + [blocks[i].stream for i in chains[j]]
+        block.older = [u for u in block.side if any(graph.depends_on(u, s) for s in streams)]
+    for transition in transitions:
+        transition.side = graph.side_inputs(transition.region, transition.sources)
+        j = position[id(transition.before)]
+        streams = [blocks[i].stream for i in chains[j]]
+        transition.older = [u for u in transition.side if any(graph.depends_on(u, s) for s in streams)]
+    return transitions
+
+
+def _post(block: Block, graph: GraphFacts) -> tuple[Post, Optional[fx.Node]]:
+    """LN(X + f(X)) and relu(X + f(X)): the op that consumes the join, when it is the only one
+    and belongs to the block's own module (a model's final norm is not part of its last block)."""
+    users = graph.children.get(block.join, [])
+    if len(users) != 1:
+        return "", None
+    user = users[0]
+    owner = module_path(block.join)
+    if owner and owner not in {path for path, _ in module_stack(user)}:
+        return "", None
+    info = facts(user)
+    if info.op in _NORMS or info.op == "batch_norm":
+        return "post-norm", user
+    if info.op == "relu":
+        return "post-activation", user
+    return "", None
+
+
+# --- names ---------------------------------------------------------------------------------------
+
+
+def _name(blocks: list[Block], root_name: str) -> None:
+    """Module path of the module whose forward performs the join; disambiguated by branch."""
+    for block in blocks:
+        block.name = module_path(block.join) or root_name
+    counts = Counter(b.name for b in blocks)
+    for base, count in counts.items():
+        if count == 1:
+            continue
+        group = [b for b in blocks if b.name == base]
+        for block in group:
+            child = _branch_child(block, base)
+            block.name = f"{base}:{child}" if child else base
+        if len({b.name for b in group}) < len(group):
+            seen: Counter = Counter()
+            for block in group:
+                seen[block.name] += 1
+                block.name = f"{block.name}#{seen[block.name]}"
+
+
+def _branch_child(block: Block, base: str) -> str:
+    """The direct child module of the block's module that produced the velocity."""
+    prefix = f"{base}." if base else ""
+    for term in block.terms:
+        for node in [term.node, *reversed(block.region)]:
+            path = module_path(node)
+            if path.startswith(prefix) and len(path) > len(prefix):
+                return path[len(prefix) :].split(".")[0]
+    return ""
+
+
+def _transition_name(transition: Transition) -> str:
+    paths = [module_path(n) for n in transition.region if module_path(n)]
+    where = paths[0] if paths else ""
+    before = transition.before.name if transition.before else "?"
+    after = ", ".join(b.name for b in transition.after)
+    return f"{after} -> {before}" + (f" ({where})" if where else "")
+
+
+__all__ = ["Block", "Stream", "Term", "Transition", "carried", "find_stream", "join_terms"]

@@ -1,0 +1,309 @@
+"""Analyse one traced graph: annotate, find the stream, propagate, certify.
+
+:func:`analyse` is the engine's whole data flow for one model. It takes the registry
+as an argument (the engine never imports it) and returns an :class:`Analysis`: the
+graph facts, the whole-graph pass, the stream and, per block and transition, the
+propagated values and the result (q, status, derivation). Findings are not made
+here; the lint rules read an Analysis and emit them.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any, Optional
+
+import torch
+import torch.fx as fx
+
+from qlint.core import algebra, relations
+from qlint.core.blocks import Block as StreamBlock
+from qlint.core.blocks import Stream, Transition as StreamTransition, find_stream
+from qlint.core.domain import CONSTANT, Growth, point
+from qlint.core.graph import GraphFacts, annotate, facts, user_frames
+from qlint.core.propagate import GrowthProp, apply, joint, leading
+from qlint.core.results import Block, DerivationStep, ModelReport, Source, Transition
+from qlint.core.trace import TracedGraph
+
+ZERO = Growth(0.0, depends=False, range=point(0.0))
+
+
+@dataclass
+class Analysis:
+    """Everything one model's analysis computed, for the lint rules, probes and remedies."""
+
+    model: torch.nn.Module
+    inputs: Optional[tuple]
+    traced: TracedGraph
+    registry: Any
+    graph: GraphFacts
+    prop: GrowthProp
+    base: dict[fx.Node, Any]  # the whole-graph pass: every node relative to the model's inputs
+    stream: Stream
+    envs: dict[str, dict[fx.Node, Any]]  # per block / transition name: the values of its pass
+    report: ModelReport
+    threshold: float = 1.0
+    options: Any = None
+    velocities: dict[str, Growth] = field(default_factory=dict)
+
+    @property
+    def module(self) -> fx.GraphModule:
+        return self.traced.module
+
+    @property
+    def blocks(self) -> list[StreamBlock]:
+        return self.stream.blocks
+
+    def block(self, name: str) -> StreamBlock:
+        for block in self.stream.blocks:
+            if block.name == name:
+                return block
+        raise KeyError(name)
+
+
+def analyse(model: torch.nn.Module, inputs: Optional[tuple], traced: TracedGraph, registry: Any, *, spec: str,
+            threshold: float = 1.0, assume_real: bool = True) -> Analysis:
+    """The engine's pass over one traced model (block-independent facts are computed once)."""
+    module = traced.module
+    annotate(module, registry)
+    relations.find(module.graph)
+    graph = GraphFacts(module, traced.data_inputs)
+    prop = GrowthProp(module, graph, training=model.training, assume_real=assume_real)
+    base = prop.run_graph()
+    stream = find_stream(graph, root_name=type(model).__name__)
+    envs: dict[str, dict] = {}
+    velocities: dict[str, Growth] = {}
+    blocks = []
+    for block in stream.blocks:
+        seeds = {block.stream: prop.seed(block.stream, base, stream=True)}
+        seeds.update({u: prop.seed(u, base, stream=False) for u in block.side})
+        env = prop.propagate(seeds, block.region, base)
+        envs[block.name] = env
+        velocity = velocity_of(block, env, prop)
+        velocities[block.name] = velocity
+        blocks.append(_block_result(block, velocity, env, graph, threshold))
+    transitions = []
+    for index, transition in enumerate(stream.transitions):
+        seeds = {s: prop.seed(s, base, stream=True) for s in transition.sources}
+        seeds.update({u: prop.seed(u, base, stream=False) for u in transition.side})
+        env = prop.propagate(seeds, transition.region, base)
+        envs[transition.name] = env
+        transitions.append(_transition_result(index, transition, env, graph, threshold))
+    report = ModelReport(spec=spec, tracer=traced.tracer, mode="train" if model.training else "eval", blocks=blocks,
+                         threshold=threshold, transitions=transitions, uncovered=_uncovered(stream))
+    report.extra["graph_check"] = traced.graph_check
+    if traced.attempts:
+        report.extra["trace_attempts"] = list(traced.attempts)
+    if assume_real and any(n.op == "placeholder" and "val" not in n.meta and "tensor_meta" not in n.meta for n in graph.inputs):
+        report.extra["assumed"] = "input dtypes unknown (no example inputs): inputs taken as real"
+    return Analysis(model, inputs, traced, registry, graph, prop, base, stream, envs, report, threshold, velocities=velocities)
+
+
+def velocity_of(block: StreamBlock, env: dict, prop: GrowthProp) -> Growth:
+    """An additive block's velocity is its join with the skip replaced by 0 (the exact
+    X + v(X)); any other join's velocity is F - id, with q <= max(1, q(F))."""
+    join = leading(env[block.join])
+    if block.form != "additive":
+        q = algebra.residual(join.q)
+        return Growth(q, culprit=join.culprit)
+    value: Any = ZERO
+    for node, argument in reversed(block.skip.path):
+        value = apply(node, facts(node), env, prop.training, overrides={argument: value})
+    return joint(value)
+
+
+def _uncovered(stream: Stream) -> list[str]:
+    reasons = []
+    if not stream.blocks:
+        reasons.append("no residual block was found: nothing on the path from input to output is certified")
+    for block in stream.blocks:
+        for value in block.older:
+            reasons.append(f"block `{block.name}` reads `{value.name}`, an older value of its own stream, outside its block input")
+    for transition in stream.transitions:
+        for value in transition.older:
+            reasons.append(f"transition `{transition.name}` reads `{value.name}`, an older value of its stream (a dense or long skip)")
+    return reasons
+
+
+# --- results -------------------------------------------------------------------------------------
+
+
+def _status(q: Optional[float], threshold: float, uncovered: bool) -> str:
+    if q is None or uncovered:
+        return "uncertified"
+    if q > threshold:
+        return "supercritical"
+    return "ok"
+
+
+def _block_result(block: StreamBlock, velocity: Growth, env: dict, graph: GraphFacts, threshold: float) -> Block:
+    start = _velocity_output(block, env)
+    derivation = derive(start, block.stream, env, graph, velocity.q if block.form == "additive" else None)
+    if derivation:
+        derivation[0].source = source_of(block.join)
+    form = block.post or block.form
+    extra: dict[str, Any] = {"join": block.form}
+    if velocity.culprit and not velocity.known:
+        extra["culprit"] = velocity.culprit
+    if block.side:
+        extra["reads"] = [u.name for u in block.side]
+    if block.older:
+        extra["older_stream_values"] = [u.name for u in block.older]
+    q = velocity.q
+    return Block(
+        name=block.name,
+        index=block.index,
+        q=q,
+        status=_status(q, threshold, bool(block.older)),
+        derivation=derivation,
+        dominant=_dominant(derivation, velocity),
+        source=source_of(block.join),
+        form=form,  # type: ignore[arg-type]
+        unknown_ops=sorted({facts(n).label for n in block.region if _unknown_here(n, env)}),
+        extra=extra,
+    )
+
+
+def _transition_result(index: int, transition: StreamTransition, env: dict, graph: GraphFacts, threshold: float) -> Transition:
+    value = leading(env.get(transition.target, CONSTANT))
+    sources = transition.sources
+    derivation = derive(transition.target, sources[0], env, graph, None, sources=set(sources))
+    extra: dict[str, Any] = {"from": [b.name for b in transition.after], "to": transition.before.name if transition.before else None}
+    if value.culprit and not value.known:
+        extra["culprit"] = value.culprit
+    if transition.older:
+        extra["older_stream_values"] = [u.name for u in transition.older]
+    return Transition(
+        name=transition.name,
+        index=index,
+        q=value.q,
+        status=_status(value.q, threshold, bool(transition.older)),
+        derivation=derivation,
+        dominant=_dominant(derivation, value),
+        source=source_of(transition.target),
+        unknown_ops=sorted({facts(n).label for n in transition.region if _unknown_here(n, env)}),
+        extra=extra,
+    )
+
+
+def _unknown_here(node: fx.Node, env: dict) -> bool:
+    """The node made the value unknown itself (its inputs were known)."""
+    if node not in env or joint(env[node]).q is not None:
+        return False
+    return all(joint(env[p]).q is not None for p in node.all_input_nodes if p in env)
+
+
+def _velocity_output(block: StreamBlock, env: dict) -> fx.Node:
+    """The velocity term whose growth decides the block (for the derivation)."""
+    if block.form != "additive" or not block.terms:
+        return block.join
+    return max(block.terms, key=lambda t: _rank(joint(env.get(t.node, CONSTANT)).q)).node
+
+
+def _rank(q: Optional[float]) -> float:
+    return math.inf if q is None else q
+
+
+def dominant_parent(node: fx.Node, env: dict, graph: GraphFacts) -> Optional[fx.Node]:
+    """The input with the largest exponent: the one a derivation follows back."""
+    best, best_q = None, -1.0
+    for parent in graph.parents.get(node, ()):
+        if parent not in env:
+            continue
+        growth = joint(env[parent])
+        if growth.depends and _rank(growth.q) > best_q:
+            best, best_q = parent, _rank(growth.q)
+    return best
+
+
+def derive(start: fx.Node, stream: fx.Node, env: dict, graph: GraphFacts, final_q: Optional[float],
+           sources: Optional[set] = None) -> list[DerivationStep]:
+    """Follow the dominant inputs back from ``start`` to the block input; keep X_k, every node
+    where q changed (and the primitive it rose from), and the output."""
+    ends = sources or {stream}
+    chain: list[fx.Node] = []
+    node: Optional[fx.Node] = start
+    while node is not None and node not in chain:
+        chain.append(node)
+        if node in ends:
+            break
+        node = dominant_parent(node, env, graph)
+    chain.reverse()
+    if not chain or chain[0] not in ends:
+        chain.insert(0, stream)
+    qs = [joint(env[n]).q if n in env else None for n in chain]
+    keep: list[int] = []
+    for i in range(len(chain)):
+        if i == 0 or i == len(chain) - 1 or qs[i] != qs[i - 1]:
+            if i > 1 and qs[i] != qs[i - 1]:
+                j = i - 1
+                while j > 1 and facts(chain[j]).plumbing:
+                    j -= 1
+                keep.append(j)
+            keep.append(i)
+    steps = []
+    for i in sorted(set(keep)):
+        n = chain[i]
+        if i == 0:
+            steps.append(DerivationStep(node=n.name, primitive="block input X_k", q=1.0, source=source_of(n),
+                                        why="the residual stream entering the block"))
+            continue
+        steps.append(DerivationStep(node=n.name, primitive=primitive_name(n), q=qs[i], source=source_of(n), why=_why(n, env, graph)))
+    return steps
+
+
+def primitive_name(node: fx.Node) -> str:
+    info = facts(node)
+    if isinstance(info.relation, relations.Normalisation):
+        return info.relation.description
+    if info.declared is not None:
+        return info.declared.name or info.label
+    if info.primitive is not None:
+        return info.primitive.name
+    return info.label
+
+
+def _why(node: fx.Node, env: dict, graph: GraphFacts) -> str:
+    inputs = [joint(env[p]) for p in graph.parents.get(node, ()) if p in env and joint(env[p]).depends]
+    if not inputs:
+        return "independent of X_k"
+    return "from q = " + ", ".join(algebra.format_q(g.q) for g in inputs)
+
+
+def _dominant(derivation: list[DerivationStep], growth: Growth) -> str:
+    if growth.culprit and not growth.known:
+        return growth.culprit
+    for step in derivation[1:]:
+        if step.q == growth.q:
+            return step.primitive
+    return derivation[-1].primitive if derivation else ""
+
+
+def dominant_step(block: Block) -> Optional[DerivationStep]:
+    """The step at which the block's exponent reached its final value (Section 4.2 step 3)."""
+    for step in block.derivation[1:]:
+        if step.q == block.q:
+            return step
+    return block.derivation[-1] if block.derivation else None
+
+
+def source_of(node: fx.Node) -> Optional[Source]:
+    """The innermost frame of the user's code that created this node."""
+    frames = user_frames(node)
+    if not frames:
+        return None
+    file, line, _ = frames[-1]
+    return Source(relative(file), line)
+
+
+def relative(path: str) -> str:
+    import os
+
+    try:
+        rel = os.path.relpath(path)
+    except ValueError:
+        return path
+    return path if rel.startswith("..") else rel
+
+
+__all__ = ["Analysis", "analyse", "derive", "dominant_step", "primitive_name", "source_of", "velocity_of"]

@@ -1,0 +1,358 @@
+"""Facts about a traced graph, computed once per trace and shared by every pass.
+
+:func:`annotate` writes the block-independent facts of each node into
+``node.meta["qlint"]`` (a :class:`NodeFacts`: the registry entry, the bound arguments,
+which arguments carry values and which only shapes). :class:`GraphFacts` then holds the
+graph-wide facts the passes need: the execution order, which nodes depend on the data
+(value dependence: ``zeros_like(x)`` and ``x.shape`` do not), ancestor sets,
+post-dominators and regions between two nodes. :func:`run_cone` is the one helper that
+seeds some nodes and runs an interpreter over a region, for the growth propagation and
+for the probes' numeric re-runs alike.
+"""
+
+from __future__ import annotations
+
+import collections
+from dataclasses import dataclass
+from typing import Any, Iterable, Optional, Sequence
+
+import torch
+import torch.fx as fx
+
+from qlint.core.ops import Bound, bind, describe
+
+META_ATTRIBUTES = frozenset({"shape", "dtype", "device", "ndim", "is_cuda", "requires_grad", "layout", "is_sparse",
+                             "is_quantized", "is_meta", "names", "grad_fn", "is_leaf", "itemsize", "nbytes"})
+
+
+@dataclass
+class NodeFacts:
+    """What qlint knows about one node before any block is analysed."""
+
+    label: str
+    primitive: Any = None  # the registry entry, None for an op outside the registry
+    module: Any = None  # the nn.Module of a call_module node
+    declared: Any = None  # a user declaration (a leaf module, or the region of one under export)
+    region_inputs: tuple = ()  # the nodes outside a declared region that feed it
+    bound: Optional[Bound] = None
+    value_inputs: tuple = ()  # nodes whose values flow into this one (not shape-only uses)
+    meta_output: bool = False  # the node computes metadata (a size, a dtype), not a value
+    relation: Any = None  # a relational fact proved on the graph (a normalisation, x - max x)
+
+    @property
+    def family(self) -> frozenset[str]:
+        return self.primitive.family if self.primitive is not None else frozenset()
+
+    @property
+    def op(self) -> str:
+        """The registry entry's id: one vocabulary for every spelling of an op."""
+        return self.primitive.id if self.primitive is not None else ""
+
+    @property
+    def plumbing(self) -> bool:
+        return "plumbing" in self.family
+
+
+def facts(node: fx.Node) -> NodeFacts:
+    return node.meta["qlint"]
+
+
+def annotate(module: fx.GraphModule, registry: Any) -> None:
+    """Write NodeFacts into every node's meta (block-independent, once per trace)."""
+    regions = _declared_regions(module.graph, registry)
+    for node in module.graph.nodes:
+        node.meta["qlint"] = _node_facts(node, module, registry, regions)
+
+
+def _node_facts(node: fx.Node, module: fx.GraphModule, registry: Any, regions: dict) -> NodeFacts:
+    if node.op in ("placeholder", "get_attr", "output"):
+        return NodeFacts(label=node.op, value_inputs=tuple(node.all_input_nodes))
+    submodule = module.get_submodule(node.target) if node.op == "call_module" else None
+    label = describe(node, submodule)
+    if node in regions:
+        declared, inputs = regions[node]
+        return NodeFacts(label=label, declared=declared, region_inputs=inputs, value_inputs=tuple(node.all_input_nodes))
+    if submodule is not None:
+        declaration = registry.declaration(type(submodule))
+        if declaration is not None:
+            return NodeFacts(label=label, module=submodule, declared=declaration, value_inputs=tuple(node.all_input_nodes),
+                             bound=bind(node, submodule))
+        primitive = registry.lookup("call_module", type(submodule))
+    else:
+        primitive = registry.lookup(node.op, node.target)
+    if primitive is None:
+        return NodeFacts(label=label, module=submodule, value_inputs=tuple(node.all_input_nodes))
+    bound = bind(node, submodule, dict(primitive.aliases))
+    meta = set(primitive.meta_args)
+    if primitive.id == "getattr":
+        name = bound.arguments.get("name")
+        meta_output = name in META_ATTRIBUTES
+    else:
+        meta_output = primitive.meta_output
+    value_inputs = () if meta_output else tuple(dict.fromkeys(n for name, value in bound.arguments.items()
+                                                              if name not in meta for n in Bound({name: value}, {}).nodes()))
+    return NodeFacts(label=label, primitive=primitive, module=submodule, bound=bound, value_inputs=value_inputs,
+                     meta_output=meta_output)
+
+
+def _declared_regions(graph: fx.Graph, registry: Any) -> dict[fx.Node, tuple[Any, tuple]]:
+    """Opaque-leaf semantics where module boundaries vanish (torch.export inlines modules).
+
+    The ops whose ``nn_module_stack`` holds a call of a declared class form its region;
+    each gets the declared transfer of the region's external inputs.
+    """
+    members: dict[str, list[fx.Node]] = {}
+    declarations: dict[str, Any] = {}
+    for node in graph.nodes:
+        if node.op not in ("call_function", "call_method"):
+            continue
+        for key, (_, cls) in (node.meta.get("nn_module_stack") or {}).items():
+            declaration = _declaration_of(cls, registry)
+            if declaration is not None:  # the outermost declared call contains this op
+                members.setdefault(key, []).append(node)
+                declarations[key] = declaration
+                break
+    regions: dict[fx.Node, tuple[Any, tuple]] = {}
+    for key, nodes in members.items():
+        inside = set(nodes)
+        inputs = tuple(dict.fromkeys(p for n in nodes for p in n.all_input_nodes if p not in inside))
+        for node in nodes:
+            regions[node] = (declarations[key], inputs)
+    return regions
+
+
+def _declaration_of(cls: Any, registry: Any) -> Any:
+    if isinstance(cls, type):
+        return registry.declaration(cls)
+    if isinstance(cls, str):  # some torch versions record the class by name
+        for declared_cls, declaration in registry.declared.items():
+            if f"{declared_cls.__module__}.{declared_cls.__qualname__}" == cls:
+                return declaration
+    return None
+
+
+class GraphFacts:
+    """Order, value dependence, ancestors and post-dominators of an annotated graph."""
+
+    def __init__(self, module: fx.GraphModule, data_inputs: Optional[Sequence[fx.Node]] = None) -> None:
+        self.module = module
+        self.nodes: list[fx.Node] = list(module.graph.nodes)
+        self.order = {node: i for i, node in enumerate(self.nodes)}
+        placeholders = [n for n in self.nodes if n.op == "placeholder"]
+        self.inputs: list[fx.Node] = list(data_inputs) if data_inputs is not None else placeholders
+        self.data: set[fx.Node] = set(self.inputs)
+        self.parents: dict[fx.Node, list[fx.Node]] = {}
+        for node in self.nodes:
+            if node in self.data or node.op in ("placeholder", "get_attr", "output"):
+                continue
+            info = facts(node)
+            if info.meta_output:
+                continue
+            sources = info.region_inputs if info.declared is not None and info.region_inputs else info.value_inputs
+            parents = [p for p in sources if p in self.data]
+            if parents:
+                self.data.add(node)
+                self.parents[node] = list(dict.fromkeys(parents))
+        for node in self.inputs:
+            self.parents[node] = []
+        self.children: dict[fx.Node, list[fx.Node]] = collections.defaultdict(list)
+        for node, parents in self.parents.items():
+            for parent in parents:
+                self.children[parent].append(node)
+        output = next((n for n in reversed(self.nodes) if n.op == "output"), None)
+        self.sinks: list[fx.Node] = [n for n in (output.all_input_nodes if output is not None else []) if n in self.data]
+        self._index = {node: i for i, node in enumerate(n for n in self.nodes if n in self.data)}
+        self._ancestors: Optional[dict[fx.Node, int]] = None
+        self._ipdom: Optional[dict[fx.Node, Optional[fx.Node]]] = None
+
+    # -- ancestors ----------------------------------------------------------------------------
+
+    def _ancestor_bits(self) -> dict[fx.Node, int]:
+        if self._ancestors is None:
+            bits: dict[fx.Node, int] = {}
+            for node in self.nodes:
+                if node not in self.data:
+                    continue
+                value = 0
+                for parent in self.parents.get(node, ()):
+                    value |= bits[parent] | (1 << self._index[parent])
+                bits[node] = value
+            self._ancestors = bits
+        return self._ancestors
+
+    def is_ancestor(self, ancestor: fx.Node, node: fx.Node) -> bool:
+        """Whether ``node``'s value depends on ``ancestor``'s (strictly)."""
+        if ancestor not in self.data or node not in self.data:
+            return False
+        return bool((self._ancestor_bits()[node] >> self._index[ancestor]) & 1)
+
+    def depends_on(self, node: fx.Node, source: fx.Node) -> bool:
+        return node is source or self.is_ancestor(source, node)
+
+    def region(self, sources: Iterable[fx.Node], target: fx.Node, *, exclude: Optional[set] = None) -> list[fx.Node]:
+        """Nodes that depend on some source and feed ``target`` (target included), in order."""
+        bits = self._ancestor_bits()
+        sources = [s for s in sources if s in self.data]
+        if target not in self.data or not sources:
+            return []
+        mask = 0
+        for s in sources:
+            mask |= 1 << self._index[s]
+        feeding = bits[target] | (1 << self._index[target])
+        low = min(self.order[s] for s in sources)
+        out = []
+        for node in self.nodes[low + 1 : self.order[target] + 1]:
+            if node not in self.data or node in sources or (exclude and node in exclude):
+                continue
+            if (feeding >> self._index[node]) & 1 and bits[node] & mask:
+                out.append(node)
+        return out
+
+    def side_inputs(self, region: Sequence[fx.Node], sources: Iterable[fx.Node]) -> list[fx.Node]:
+        """Data nodes outside the region and the sources that feed a node of the region."""
+        inside = set(region) | set(sources)
+        out: dict[fx.Node, None] = {}
+        for node in region:
+            for parent in self.parents.get(node, ()):
+                if parent not in inside:
+                    out[parent] = None
+        return sorted(out, key=self.order.__getitem__)
+
+    # -- post-dominators ----------------------------------------------------------------------
+
+    def _postdominators(self) -> dict[fx.Node, Optional[fx.Node]]:
+        """Immediate post-dominators over data nodes, with a virtual sink after the outputs."""
+        if self._ipdom is None:
+            sink_set = set(self.sinks)
+            ipdom: dict[fx.Node, Optional[fx.Node]] = {}
+            order = self.order
+            end = len(self.nodes)
+
+            def rank(n: Optional[fx.Node]) -> int:
+                return end if n is None else order[n]
+
+            def intersect(a: Optional[fx.Node], b: Optional[fx.Node]) -> Optional[fx.Node]:
+                while a is not b:
+                    while rank(a) < rank(b):
+                        a = ipdom[a]  # type: ignore[index]
+                    while rank(b) < rank(a):
+                        b = ipdom[b]  # type: ignore[index]
+                return a
+
+            for node in reversed(self.nodes):
+                if node not in self.data:
+                    continue
+                successors: list[Optional[fx.Node]] = [c for c in self.children.get(node, ()) if c in ipdom]
+                if node in sink_set:
+                    successors.append(None)
+                if not successors:
+                    continue  # reaches no output
+                current = successors[0]
+                for other in successors[1:]:
+                    current = intersect(current, other)
+                ipdom[node] = current
+            self._ipdom = ipdom
+        return self._ipdom
+
+    def reaches_output(self, node: fx.Node) -> bool:
+        return node in self._postdominators()
+
+    def postdominates(self, later: fx.Node, node: fx.Node) -> bool:
+        """Whether every path from ``node`` to an output passes through ``later``."""
+        ipdom = self._postdominators()
+        if node not in ipdom:
+            return False
+        current: Optional[fx.Node] = ipdom[node]
+        target = self.order[later]
+        while current is not None and self.order[current] < target:
+            current = ipdom.get(current)
+        return current is later
+
+
+def run_cone(interpreter: fx.Interpreter, seeds: dict[fx.Node, Any], nodes: Iterable[fx.Node], base: Any) -> dict[fx.Node, Any]:
+    """Seed some nodes, run the interpreter over ``nodes`` in order, return the new values.
+
+    Every other node reads its value from ``base`` (a whole-graph pass), so only the
+    region is evaluated: propagation, the probe and the loop probe all use this.
+    """
+    local: dict[fx.Node, Any] = dict(seeds)
+    previous = interpreter.env
+    interpreter.env = collections.ChainMap(local, base)  # type: ignore[assignment]
+    try:
+        for node in nodes:
+            if node not in local:
+                local[node] = interpreter.run_node(node)
+    finally:
+        interpreter.env = previous
+    return local
+
+
+def tensor_meta(node: Any) -> Optional[torch.Tensor]:
+    """The traced example value of a node (a FakeTensor under export), if recorded."""
+    if not isinstance(node, fx.Node):
+        return None
+    value = node.meta.get("val", node.meta.get("example_value"))
+    if isinstance(value, torch.Tensor):
+        return value
+    meta = node.meta.get("tensor_meta")
+    return meta if meta is not None and hasattr(meta, "shape") else None
+
+
+def shape_of(node: Any) -> Optional[tuple[int, ...]]:
+    value = tensor_meta(node)
+    if value is None:
+        return None
+    try:
+        return tuple(int(s) for s in value.shape)
+    except (TypeError, ValueError):  # symbolic sizes
+        return None
+
+
+def dtype_of(node: Any) -> Optional[torch.dtype]:
+    value = tensor_meta(node)
+    return getattr(value, "dtype", None) if value is not None else None
+
+
+__all__ = ["GraphFacts", "NodeFacts", "annotate", "dtype_of", "facts", "run_cone", "shape_of", "tensor_meta"]
+
+
+# --- where a node came from ----------------------------------------------------------------------
+
+import re as _re
+
+_FRAME = _re.compile(r'File "(?P<file>[^"]+)", line (?P<line>\d+), in (?P<func>\S+)')
+_TORCH_DIR = torch.__file__.rsplit("/", 1)[0]
+_QLINT_DIR = __file__.rsplit("/", 2)[0]
+
+
+def module_path(node: fx.Node) -> str:
+    """The path of the innermost module whose forward created this node ('' at top)."""
+    stack = node.meta.get("nn_module_stack")
+    if not stack:
+        return ""
+    path, _ = list(stack.values())[-1]
+    return clean_path(path)
+
+
+def module_stack(node: fx.Node) -> list[tuple[str, Any]]:
+    """(path, class or class name) from the outermost to the innermost module."""
+    stack = node.meta.get("nn_module_stack") or {}
+    return [(clean_path(path), cls) for path, cls in stack.values()]
+
+
+def clean_path(path: str) -> str:
+    """export writes ``L['self'].layers[0]`` style paths in some versions."""
+    path = _re.sub(r"^L\['self'\]\.?", "", path)
+    return _re.sub(r"\[(\d+)\]", r".\1", path).strip(".")
+
+
+def user_frames(node: fx.Node) -> list[tuple[str, int, str]]:
+    """(file, line, function) frames of the node's stack trace outside torch and qlint's engine."""
+    trace = node.meta.get("stack_trace") or getattr(node, "stack_trace", None) or ""
+    frames = []
+    for match in _FRAME.finditer(trace):
+        file = match.group("file")
+        if file.startswith(_TORCH_DIR) or (file.startswith(_QLINT_DIR) and "/qlint/zoo/" not in file and "/qlint/verify/" not in file):
+            continue
+        frames.append((file, int(match.group("line")), match.group("func")))
+    return frames

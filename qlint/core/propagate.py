@@ -1,0 +1,221 @@
+"""Propagate growth bounds through a traced graph, shaped like fx's ShapeProp.
+
+:class:`GrowthProp` is an ``fx.Interpreter`` whose values are :class:`Growth`s instead
+of tensors; its one override, :meth:`GrowthProp.run_node`, maps a node to a Growth with
+the node's registry entry (read from ``node.meta["qlint"]``, see :mod:`.graph`). One
+whole-graph pass (:meth:`GrowthProp.run_graph`) seeds every data input at q = 1 and
+gives each node its facts relative to the model's inputs; a block's pass
+(:func:`qlint.core.graph.run_cone` over the block's region) seeds the block input, so
+the cost of all blocks together stays linear in the graph size.
+
+Fail closed: an op outside the registry with an input-dependent argument is unknown; a
+transfer that ignores an input-dependent argument, or a non-default parameter it was
+not written for, gives unknown (:meth:`qlint.core.ops.Call.unread`).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Iterable, Optional
+
+import torch
+import torch.fx as fx
+
+from qlint.core import algebra, domain
+from qlint.core.domain import ANY, CONSTANT, Growth, Range, unknown
+from qlint.core.graph import GraphFacts, NodeFacts, dtype_of, facts, run_cone, tensor_meta
+from qlint.core.ops import Call
+from qlint.core.relations import Normalisation, OwnMaxShift, OwnSumRatio
+
+Value = Any  # a Growth, or a tuple of Values for multi-output ops
+
+
+def leading(value: Value) -> Growth:
+    """The growth of a node's main output (tuples: the first element)."""
+    while isinstance(value, tuple):
+        value = value[0] if value else CONSTANT
+    return value if isinstance(value, Growth) else CONSTANT
+
+
+def joint(value: Value) -> Growth:
+    """One Growth bounding every tensor of a (possibly tuple) value."""
+    if isinstance(value, tuple):
+        parts = [joint(v) for v in value]
+        dependent = [p for p in parts if p.depends]
+        if not dependent:
+            return CONSTANT
+        return Growth(algebra.parallel_sum(p.q for p in dependent), real=None,
+                      culprit=next((p.culprit for p in dependent if not p.known), None))
+    return value if isinstance(value, Growth) else CONSTANT
+
+
+class GrowthProp(fx.Interpreter):
+    """Maps each node to a Growth through its registry entry (node.meta["qlint"])."""
+
+    def __init__(self, module: fx.GraphModule, graph_facts: GraphFacts, *, training: bool, assume_real: bool = True) -> None:
+        super().__init__(module, garbage_collect_values=False)
+        self.graph_facts = graph_facts
+        self.training = training
+        self.assume_real = assume_real  # inputs without a recorded dtype are taken as real (said in the report)
+
+    def run_graph(self) -> dict[fx.Node, Value]:
+        """Every node relative to the model's data inputs, each seeded at q = 1."""
+        self.env = {}
+        for node in self.graph_facts.nodes:
+            self.env[node] = self.run_node(node)
+        return self.env
+
+    def seed(self, node: fx.Node, base: dict, *, stream: bool) -> Growth:
+        """A seeded value of a pass, with the facts the whole-graph pass proved for it.
+
+        The block input (``stream``) has q = 1 by definition. Another input-derived value
+        the block reads is an extra input of the block's map, measured in its own
+        magnitude (q = 1), unless the whole-graph pass shows it is bounded whatever the
+        model's inputs are (a mask, a normalised encoder output): q = 0.
+        """
+        known = leading(base[node])
+        q = 0.0 if (not stream and known.q == 0) else 1.0
+        return Growth(q, depends=True, real=known.real, range=known.range)
+
+    def propagate(self, seeds: dict[fx.Node, Value], nodes: Iterable[fx.Node], base: dict[fx.Node, Value]) -> dict[fx.Node, Value]:
+        return run_cone(self, seeds, nodes, base)
+
+    # -- the one override ---------------------------------------------------------------------
+
+    def run_node(self, n: fx.Node) -> Value:
+        if n.op == "placeholder":
+            return self._placeholder(n)
+        if n.op == "get_attr":
+            return self._attribute(n)
+        if n.op == "output":
+            return CONSTANT
+        info = facts(n)
+        if info.meta_output:
+            return CONSTANT
+        if info.declared is not None:
+            inputs = info.region_inputs if info.region_inputs else n.all_input_nodes
+            return self._declared(info, [self.env[p] for p in inputs])
+        if info.primitive is None:
+            dependent = [p for p in n.all_input_nodes if joint(self.env[p]).depends]
+            if not dependent:
+                return CONSTANT
+            return unknown(f"unknown op `{info.label}`")
+        value = apply(n, info, self.env, self.training)
+        if info.relation is not None:
+            value = self._relation(info.relation, value)
+        return value
+
+    # -- leaves -------------------------------------------------------------------------------
+
+    def _placeholder(self, n: fx.Node) -> Growth:
+        if n in self.graph_facts.inputs:
+            real = self._realness(n)
+            dtype = dtype_of(n)
+            r = domain.interval(0, 1) if dtype == torch.bool else ANY
+            return Growth(1.0, depends=True, real=real, range=r)
+        return CONSTANT
+
+    def _realness(self, n: fx.Node) -> Optional[bool]:
+        dtype = dtype_of(n)
+        if dtype is None:
+            return True if self.assume_real else None
+        return not dtype.is_complex
+
+    def _attribute(self, n: fx.Node) -> Growth:
+        """Parameters and buffers are arbitrary (training moves them); fixed tensor
+        constants (``torch.tensor(2.0)`` in a forward, lifted by the tracer) by value."""
+        try:
+            value = self.fetch_attr(str(n.target))
+        except (AttributeError, RuntimeError):
+            return CONSTANT
+        if not isinstance(value, torch.Tensor):
+            return CONSTANT
+        real = not value.is_complex()
+        if isinstance(value, torch.nn.Parameter) or _is_buffer(self.module, str(n.target)) or value.is_meta:
+            return Growth(0.0, depends=False, real=real)
+        if value.numel() == 0 or not real:
+            return Growth(0.0, depends=False, real=real)
+        try:
+            data = value.detach().double()
+            lo, hi = float(data.min()), float(data.max())
+        except (RuntimeError, TypeError):
+            return Growth(0.0, depends=False, real=real)
+        if math.isnan(lo) or math.isnan(hi):
+            return Growth(0.0, depends=False, real=real)
+        return Growth(0.0, depends=False, real=real, range=Range(lo=lo, hi=hi, pos=lo > 0, neg=hi < 0))
+
+    def _declared(self, info: NodeFacts, inputs: list[Value]) -> Growth:
+        dependent = [joint(v) for v in inputs if joint(v).depends]
+        if not dependent:
+            return CONSTANT
+        q = algebra.parallel_sum(g.q for g in dependent)
+        culprit = next((g.culprit for g in dependent if not g.known), None)
+        return Growth(algebra.compose(float(info.declared.q), q), real=None, culprit=culprit)
+
+    def _relation(self, relation: Any, computed: Value) -> Value:
+        if isinstance(relation, Normalisation):
+            x = leading(self.env[relation.numerator])
+            if x.real is not True:
+                return computed  # the proof squares real entries
+            if not x.depends:
+                return computed
+            if x.q is None:
+                return Growth(None, culprit=x.culprit)
+            r = domain.interval(-relation.bound, relation.bound) if relation.bound is not None else ANY
+            return Growth(algebra.normalize(x.q), depends=True, range=r)
+        if isinstance(relation, OwnSumRatio):
+            x = leading(self.env[relation.numerator])
+            if x.real is True and (x.range.pos or (relation.eps and x.range.nonneg)) and x.q is not None:
+                return Growth(0.0, depends=x.depends, range=domain.interval(0.0, 1.0))
+            return computed
+        if isinstance(relation, OwnMaxShift):
+            value = leading(computed)
+            if value.real is True:
+                r = value.range
+                return Growth(value.q, depends=value.depends, range=Range(lo=r.lo, hi=0.0, below=r.below), culprit=value.culprit)
+        return computed
+
+
+def _is_buffer(module: torch.nn.Module, target: str) -> bool:
+    owner_path, _, name = target.rpartition(".")
+    try:
+        owner = module.get_submodule(owner_path) if owner_path else module
+    except AttributeError:
+        return False
+    return name in getattr(owner, "_buffers", {})
+
+
+def apply(n: fx.Node, info: NodeFacts, env: Any, training: bool, overrides: Optional[dict[str, Value]] = None) -> Value:
+    """Run a node's transfer on its arguments' values and enforce that nothing was ignored.
+
+    ``overrides`` replaces named arguments (a block's velocity is its join with the skip
+    argument replaced by zero).
+    """
+    primitive = info.primitive
+    bound = info.bound
+    arguments = {name: fx.node.map_arg(value, lambda node: env[node]) for name, value in bound.arguments.items()}
+    if overrides:
+        arguments.update(overrides)
+    call = Call(n, arguments, bound.defaults, module=info.module, training=training, positional=bound.positional)
+    try:
+        value = primitive.transfer(call, primitive)
+    except (TypeError, ValueError, KeyError, IndexError, AttributeError, ZeroDivisionError, OverflowError) as exc:
+        return unknown(f"the rule for {call.label()} could not read its arguments ({type(exc).__name__}: {exc})")
+    reason = call.unread(primitive.meta_args, primitive.params if "*" not in primitive.params else frozenset(call.arguments))
+    if reason is not None:
+        return unknown(reason)
+    if call.ignored_constants(primitive.meta_args):
+        value = _without_ranges(value)
+    return value
+
+
+def _without_ranges(value: Value) -> Value:
+    """A transfer that skipped a parameter tensor keeps its exponent but claims no order fact."""
+    if isinstance(value, tuple):
+        return tuple(_without_ranges(v) for v in value)
+    if isinstance(value, Growth) and value.range != ANY:
+        return Growth(value.q, depends=value.depends, real=value.real, culprit=value.culprit)
+    return value
+
+
+__all__ = ["GrowthProp", "Value", "apply", "joint", "leading", "tensor_meta"]

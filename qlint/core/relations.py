@@ -1,0 +1,470 @@
+"""Relational facts proved on the graph: values that are bounded because of what they
+are computed from, which the per-op algebra cannot see.
+
+- A **normalisation written out by hand** divides a tensor by a magnitude statistic of
+  itself: ``x * rsqrt(mean(x**2) + eps)`` (RMSNorm), ``(x - mean) / sqrt(var + eps)``
+  (LayerNorm), ``x / max(||x||_p, eps)`` (L2 / ScaleNorm), ``x / (max|x| + eps)``,
+  ``x / (1 + |x|)`` (softsign). Accepted only with proof (:func:`match_normalisation`):
+  the statistic is a real norm (p >= 1, or inf) of the numerator itself, or of its
+  centred version for a centred numerator; it is reduced over the same dims as the
+  centring and broadcast back over its own reduction group (``keepdim=True``, or shapes
+  that prove it); it is bounded away from 0 by a numeric ``eps > 0`` (``+ eps``,
+  ``clamp(min=eps)``), never clamped from above; positive constant factors only.
+  Then each entry satisfies |x_i| <= sqrt(n) sqrt(mean_group x^2), so the ratio is
+  bounded by sqrt(n) / c: q = 0 (Theorem 9(v)).
+- A **ratio to its own sum** ``e / e.sum(dim, keepdim=True)`` of a positive ``e`` is in
+  [0, 1] (a softmax written out); checked at propagation time, when the sign of ``e`` is
+  known.
+- A **shift by its own maximum** ``s - s.amax(dim, keepdim=True)`` is <= 0 (the stable
+  softmax's argument), and so is ``s - logsumexp(s)``.
+
+Anything not proved falls back to the generic rules (a division by a value that may
+approach 0 is then not bounded).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any, Optional
+
+import torch
+import torch.fx as fx
+
+from qlint.core.graph import facts, shape_of
+
+_SQUARE_STATS = {"mean": "mean", "sum": "sum"}
+
+
+@dataclass(frozen=True)
+class Normalisation:
+    """``numerator / statistic(numerator)`` proved bounded; ``bound`` on |entries| if known."""
+
+    numerator: fx.Node
+    description: str
+    bound: Optional[float]
+
+
+@dataclass(frozen=True)
+class OwnSumRatio:
+    """``numerator / (sum of numerator over its group [+ eps])``: in [0, 1] when numerator > 0."""
+
+    numerator: fx.Node
+    eps: bool
+
+
+@dataclass(frozen=True)
+class OwnMaxShift:
+    """``s - max(s)`` or ``s - logsumexp(s)`` over the same group: every entry <= 0."""
+
+    source: fx.Node
+
+
+def find(graph: fx.Graph) -> None:
+    """Record the relation proved at each node into its NodeFacts."""
+    for node in graph.nodes:
+        if node.op not in ("call_function", "call_method"):
+            continue
+        relation = match_normalisation(node) or _own_sum_ratio(node) or _own_max_shift(node)
+        if relation is not None:
+            facts(node).relation = relation
+
+
+# --- helpers on annotated nodes ----------------------------------------------------------------
+
+
+def _op(node: Any) -> str:
+    return facts(node).op if isinstance(node, fx.Node) and "qlint" in node.meta else ""
+
+
+def _arg(node: fx.Node, name: str, default: Any = None) -> Any:
+    bound = facts(node).bound
+    if bound is None:
+        return default
+    if name in bound.arguments:
+        return bound.arguments[name]
+    return bound.defaults.get(name, default)
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def strip(node: Any) -> Any:
+    """Follow value-preserving copies and floating casts back to the value they carry."""
+    while isinstance(node, fx.Node) and "qlint" in node.meta:
+        op = _op(node)
+        if op in ("copy", "cast_float") or (op == "cast" and _floating_or_same(node)):
+            node = _arg(node, "input")
+            continue
+        break
+    return node
+
+
+def _floating_or_same(node: fx.Node) -> bool:
+    bound = facts(node).bound
+    if bound is None:
+        return False
+    for name in ("dtype", "device"):
+        value = bound.arguments.get(name)
+        if isinstance(value, torch.dtype) and not (value.is_floating_point and not value.is_complex):
+            return False
+    other = bound.arguments.get("other")
+    if isinstance(other, fx.Node):
+        return False
+    return True
+
+
+def _dims(node: fx.Node) -> Optional[frozenset[int]]:
+    """The reduction dims of a reduction node, normalised by rank when the rank is known."""
+    dim = _arg(node, "dim")
+    if dim is None:
+        return None  # a reduction over everything: its group is the whole tensor
+    dims = [dim] if isinstance(dim, int) else list(dim) if isinstance(dim, (list, tuple)) else None
+    if dims is None or not all(isinstance(d, int) for d in dims) or not dims:
+        return None
+    source = _arg(node, "input")
+    shape = shape_of(source)
+    if shape is not None:
+        return frozenset(d % len(shape) for d in dims)
+    return frozenset(dims)
+
+
+def _keeps_dims(node: fx.Node) -> bool:
+    """The statistic broadcasts back over its own reduction group."""
+    if _arg(node, "keepdim", False) is True:
+        return True
+    source_shape, shape = shape_of(_arg(node, "input")), shape_of(node)
+    return source_shape is not None and shape is not None and source_shape == shape
+
+
+def _same_group(a: fx.Node, b: fx.Node) -> bool:
+    """Two reductions over the same dims of tensors of the same shape."""
+    da, db = _dims(a), _dims(b)
+    if da is None or db is None:
+        return da is None and db is None and _arg(a, "dim") is None and _arg(b, "dim") is None
+    if da != db:
+        return False
+    sa, sb = shape_of(_arg(a, "input")), shape_of(_arg(b, "input"))
+    if sa is not None and sb is not None and sa != sb:
+        return False
+    if any(d < 0 for d in da) and (sa is None or sb is None):
+        return True  # both use the same negative dims on tensors of unknown rank
+    return True
+
+
+# --- the statistic -------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class _Statistic:
+    base: fx.Node  # the tensor whose magnitude it measures
+    kind: str  # "ms" mean of squares, "ss" sum of squares, "var" centred mean square, "norm", "abs"
+    reduction: Optional[fx.Node]  # the reduction node (None: entrywise |x|)
+    centred: bool
+    rooted: bool  # already a homogeneous (degree 1) statistic
+
+
+def _squared(node: Any) -> Optional[fx.Node]:
+    """b when node is b**2, square(b), b*b or |b|**2."""
+    node = strip(node)
+    op = _op(node)
+    if op == "pow" and _arg(node, "exponent") == 2:
+        base = strip(_arg(node, "input"))
+    elif op == "square":
+        base = strip(_arg(node, "input"))
+    elif op == "mul" and isinstance(_arg(node, "input"), fx.Node) and strip(_arg(node, "input")) is strip(_arg(node, "other")):
+        base = strip(_arg(node, "input"))
+    else:
+        return None
+    if _op(base) == "abs":
+        base = strip(_arg(base, "input"))
+    return base
+
+
+def _centred_base(node: Any) -> Optional[tuple[fx.Node, fx.Node]]:
+    """(x, the mean node) when node is x - mean(x, dims, keepdim=True)."""
+    node = strip(node)
+    if _op(node) != "sub" or _arg(node, "alpha", 1) != 1:
+        return None
+    raw, centre = strip(_arg(node, "input")), strip(_arg(node, "other"))
+    centre = _tuple_part(centre, 1) or centre
+    if _op(centre) not in ("mean", "variance", "std") or (_op(centre) != "mean" and _op_name(centre) not in ("var_mean", "std_mean")) or not isinstance(raw, fx.Node) or strip(_arg(centre, "input")) is not raw:
+        return None
+    if not _keeps_dims(centre):
+        return None
+    return raw, centre
+
+
+def _tuple_part(node: Any, index: int) -> Any:
+    """The reduction behind ``var_mean(...)[index]`` (``torch.var_mean`` returns a tuple)."""
+    if _op(node) == "view" and _op_name(node) == "getitem" and facts(node).bound.arguments.get("index") == index:
+        source = strip(_arg(node, "input"))
+        if _op_name(source) in ("var_mean", "std_mean"):
+            return source
+    return None
+
+
+def _statistic(node: Any) -> Optional[_Statistic]:
+    """A magnitude statistic before any root: mean/sum of squares, a variance, a norm."""
+    node = strip(node)
+    node = _tuple_part(node, 0) or node
+    op = _op(node)
+    if op in ("mean", "sum"):
+        base = _squared(_arg(node, "input"))
+        if base is None or not _keeps_dims(node):
+            return None
+        centred = _centred_base(base)
+        kind = "ms" if op == "mean" else "ss"
+        return _Statistic(base=base, kind=kind, reduction=node, centred=centred is not None, rooted=False)
+    if op in ("variance", "std"):
+        if _arg(node, "correction", 1) is not None and not _is_number(_arg(node, "correction", 1)):
+            return None
+        if not _keeps_dims(node):
+            return None
+        base = strip(_arg(node, "input"))
+        return _Statistic(base=base, kind="var", reduction=node, centred=True, rooted=op == "std")
+    if op == "norm":
+        p = _arg(node, "p", _arg(node, "ord", 2))
+        if p is None:
+            p = 2
+        if not (isinstance(p, (int, float)) and (p >= 1 or p == math.inf)) or isinstance(p, bool):
+            return None
+        if not _keeps_dims(node):
+            return None
+        base = strip(_arg(node, "input"))
+        return _Statistic(base=base, kind="norm", reduction=node, centred=False, rooted=True)
+    if op == "extremum" and _arg(node, "other") is None:
+        inner = strip(_arg(node, "input"))
+        if _op(inner) == "abs" and _keeps_dims(node) and facts(node).primitive is not None and _op_name(node) in ("amax", "max"):
+            return _Statistic(base=strip(_arg(inner, "input")), kind="norm", reduction=node, centred=False, rooted=True)
+        return None
+    if op == "abs":
+        return _Statistic(base=strip(_arg(node, "input")), kind="abs", reduction=None, centred=False, rooted=True)
+    return None
+
+
+def _op_name(node: fx.Node) -> str:
+    from qlint.core.ops import op_name
+
+    return op_name(node)
+
+
+@dataclass(frozen=True)
+class _Denominator:
+    statistic: _Statistic
+    eps: bool  # bounded away from 0 by a numeric eps > 0
+    scale: float  # the product of positive constant factors applied to the statistic
+    inverse: bool  # already 1 / statistic
+
+
+def _broadcast_strip(node: Any) -> Any:
+    """Copies, casts and explicit broadcasts (expand): a statistic expanded to the
+    numerator's shape divides exactly as the implicit broadcast does."""
+    while True:
+        node = strip(node)
+        if isinstance(node, fx.Node) and _op(node) == "view" and _op_name(node) in ("expand", "expand_as", "broadcast_to"):
+            node = _arg(node, "input")
+            continue
+        return node
+
+
+def _eps_wrapped(node: Any) -> tuple[Any, bool, float]:
+    """Peel ``+ eps`` (eps > 0), ``clamp(min=eps > 0)`` and positive constant factors."""
+    eps, scale = False, 1.0
+    node = _broadcast_strip(node)
+    while isinstance(node, fx.Node):
+        op = _op(node)
+        if op == "add" and _arg(node, "alpha", 1) == 1:
+            a, b = _arg(node, "input"), _arg(node, "other")
+            if _is_number(b) and b > 0 and isinstance(a, fx.Node):
+                node, eps = _broadcast_strip(a), True
+                continue
+            if _is_number(a) and a > 0 and isinstance(b, fx.Node):
+                node, eps = _broadcast_strip(b), True
+                continue
+            return node, eps, scale
+        if op in ("clamp", "clamp_min"):
+            low, high = _arg(node, "min"), _arg(node, "max")
+            if high is not None:
+                return None, False, scale  # a cap on the statistic breaks the proof
+            if _is_number(low) and low > 0:
+                node, eps = _broadcast_strip(_arg(node, "input")), True
+                continue
+            return node, eps, scale
+        if op in ("mul", "div"):
+            a, b = _arg(node, "input"), _arg(node, "other")
+            if _is_number(b) and b > 0 and isinstance(a, fx.Node):
+                scale *= float(b) if op == "mul" else 1.0 / float(b)
+                node = _broadcast_strip(a)
+                continue
+            if op == "mul" and _is_number(a) and a > 0 and isinstance(b, fx.Node):
+                scale *= float(a)
+                node = _broadcast_strip(b)
+                continue
+            return node, eps, scale
+        return node, eps, scale
+    return node, eps, scale
+
+
+def _denominator(node: Any) -> Optional[_Denominator]:
+    """A homogeneous statistic bounded away from 0: sqrt(stat + eps), norm + eps, clamp(norm, eps)."""
+    inner, eps, scale = _eps_wrapped(node)
+    if inner is None:
+        return None
+    op = _op(inner)
+    if op == "sqrt" or (op == "pow" and _arg(inner, "exponent") == 0.5):
+        radicand, eps_in, scale_in = _eps_wrapped(_arg(inner, "input"))
+        if radicand is None:
+            return None
+        stat = _statistic(radicand)
+        if stat is None or stat.rooted:
+            return None
+        return _Denominator(stat, eps or eps_in, scale * math.sqrt(scale_in), inverse=False)
+    stat = _statistic(inner)
+    if stat is not None and stat.rooted:
+        return _Denominator(stat, eps, scale, inverse=False)
+    return None
+
+
+def _inverse_denominator(node: Any) -> Optional[_Denominator]:
+    """1 / a homogeneous statistic: rsqrt(stat + eps), (...)**-0.5, reciprocal(den), 1 / den."""
+    inner, eps, scale = _eps_wrapped(node)  # constant factors on the inverse scale the bound
+    if inner is None or eps:
+        return None
+    op = _op(inner)
+    if op == "rsqrt" or (op == "pow" and _arg(inner, "exponent") == -0.5):
+        radicand, eps_in, scale_in = _eps_wrapped(_arg(inner, "input"))
+        if radicand is None:
+            return None
+        stat = _statistic(radicand)
+        if stat is None or stat.rooted:
+            return None
+        return _Denominator(stat, eps_in, math.sqrt(scale_in) / scale, inverse=True)
+    if op == "reciprocal" or (op == "pow" and _arg(inner, "exponent") == -1):
+        den = _denominator(_arg(inner, "input"))
+        return None if den is None else _Denominator(den.statistic, den.eps, den.scale / scale, inverse=True)
+    if op == "div" and _is_number(_arg(inner, "input")) and _arg(inner, "input") > 0:
+        den = _denominator(_arg(inner, "other"))
+        return None if den is None else _Denominator(den.statistic, den.eps, den.scale / (scale * _arg(inner, "input")), inverse=True)
+    return None
+
+
+def _proves(numerator: Any, den: Optional[_Denominator]) -> Optional[str]:
+    """Why ``numerator / den`` is bounded, or None when it is not proved."""
+    if den is None or not den.eps or den.scale <= 0:
+        return None
+    stat = den.statistic
+    numerator = strip(numerator)
+    if not isinstance(numerator, fx.Node):
+        return None
+    if stat.kind == "abs":
+        return "x / (|x| + eps) (softsign written out)" if stat.base is numerator else None
+    centred = _centred_base(numerator)
+    if stat.kind == "var":
+        if centred is None:
+            return None  # an uncentred numerator over a deviation is not bounded
+        raw, mean = centred
+        base = stat.base
+        base_centred = _centred_base(base)
+        same_signal = base is raw or base is numerator or (base_centred is not None and base_centred[0] is raw)
+        if not same_signal or not _same_group(mean, stat.reduction):
+            return None
+        return "(x - mean) / sqrt(var + eps) (LayerNorm written out)"
+    # mean / sum of squares, or a p-norm, of the same signal
+    if stat.centred:
+        base_centred = _centred_base(stat.base)
+        if centred is None or base_centred is None or stat.base is not numerator and base_centred[0] is not centred[0]:
+            return None
+        if not _same_group(centred[1], stat.reduction):
+            return None
+        return "(x - mean) / sqrt(mean((x - mean)^2) + eps) (LayerNorm written out)"
+    if stat.base is not numerator:
+        return None
+    if stat.kind == "ms":
+        return "x * rsqrt(mean(x^2) + eps) (RMSNorm written out)" if den.inverse else "x / sqrt(mean(x^2) + eps) (RMSNorm written out)"
+    if stat.kind == "ss":
+        return "x / sqrt(sum(x^2) + eps) (L2 normalization written out)"
+    return "x / max(||x||_p, eps) (L2 / Scale normalization written out)"
+
+
+def _bound(den: _Denominator) -> Optional[float]:
+    stat = den.statistic
+    if stat.kind in ("ss", "norm", "abs"):
+        return 1.0 / den.scale
+    if stat.reduction is None:
+        return None
+    group = _group_size(stat.reduction)
+    if group is None:
+        return None
+    return math.sqrt(group) / den.scale
+
+
+def _group_size(reduction: fx.Node) -> Optional[int]:
+    shape = shape_of(_arg(reduction, "input"))
+    if shape is None:
+        return None
+    dims = _dims(reduction)
+    size = 1
+    for d in (dims if dims is not None else range(len(shape))):
+        size *= shape[d]
+    return size
+
+
+def match_normalisation(node: fx.Node) -> Optional[Normalisation]:
+    """A node that divides a tensor by a magnitude statistic of itself, with proof."""
+    op = _op(node)
+    if op == "mul":
+        a, b = _arg(node, "input"), _arg(node, "other")
+        for numerator, factor in ((a, b), (b, a)):
+            if isinstance(factor, fx.Node):
+                den = _inverse_denominator(factor)
+                why = _proves(numerator, den)
+                if why:
+                    return Normalisation(strip(numerator), why, _bound(den))  # type: ignore[arg-type]
+    if op == "div" and _arg(node, "rounding_mode") is None:
+        numerator, denominator = _arg(node, "input"), _arg(node, "other")
+        if isinstance(denominator, fx.Node):
+            den = _denominator(denominator)
+            why = _proves(numerator, den)
+            if why:
+                return Normalisation(strip(numerator), why, _bound(den))  # type: ignore[arg-type]
+    return None
+
+
+def _own_sum_ratio(node: fx.Node) -> Optional[OwnSumRatio]:
+    if _op(node) != "div" or _arg(node, "rounding_mode") is not None:
+        return None
+    numerator, denominator = strip(_arg(node, "input")), _arg(node, "other")
+    if not isinstance(numerator, fx.Node) or not isinstance(denominator, fx.Node):
+        return None
+    inner, eps, scale = _eps_wrapped(denominator)
+    if inner is None or scale != 1.0 or _op(inner) != "sum" or not _keeps_dims(inner):
+        return None
+    if strip(_arg(inner, "input")) is not numerator:
+        return None
+    return OwnSumRatio(numerator, eps)
+
+
+def _own_max_shift(node: fx.Node) -> Optional[OwnMaxShift]:
+    if _op(node) != "sub" or _arg(node, "alpha", 1) != 1:
+        return None
+    source, shift = strip(_arg(node, "input")), strip(_arg(node, "other"))
+    if not isinstance(source, fx.Node) or not isinstance(shift, fx.Node):
+        return None
+    # s.max(dim, keepdim=True).values is getitem(max.dim(...), 0)
+    if _op(shift) == "view" and _op_name(shift) == "getitem" and facts(shift).bound.arguments.get("index") == 0:
+        shift = strip(_arg(shift, "input"))
+    op = _op(shift)
+    if op == "extremum" and _op_name(shift) in ("amax", "max") and _arg(shift, "other") is None:
+        pass
+    elif op == "logsumexp" and _op_name(shift) in ("logsumexp", "special_logsumexp"):
+        pass
+    else:
+        return None
+    if strip(_arg(shift, "input")) is not source or not _keeps_dims(shift):
+        return None
+    return OwnMaxShift(source)
+
+
+__all__ = ["Normalisation", "OwnMaxShift", "OwnSumRatio", "find", "match_normalisation", "strip"]

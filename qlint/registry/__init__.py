@@ -1,0 +1,327 @@
+"""The primitive registry: every op qlint can bound, each with the reason it holds.
+
+Entries are declarative, in ``rules/primitives/*.toml`` (one table per primitive: its
+exponent as Table 1 writes it, the justification, the ops it covers). An entry with a
+numeric ``q`` gets the default transfer (``q * q_input``, the declared output range);
+the rest name a transfer in :mod:`qlint.registry.transfers`. Every spelling of an op
+(ATen overload, torch function, Tensor method, ``torch.nn.functional``) resolves to the
+same entry; a target that resolves to nothing is an error (``tests/test_registry.py``).
+
+Nothing outside the registry is treated as safe: :meth:`Registry.lookup` returns
+``None`` and the block that contains the op is uncertified. Ops deliberately left
+out (poles such as ``tan``, products such as ``prod`` without shapes) are listed in
+``rules/primitives/unbounded.toml`` with their reason, so ``qlint coverage`` can say so.
+"""
+
+from __future__ import annotations
+
+import importlib
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Iterable, Optional, Union
+
+from qlint.core.domain import ANY, Growth, Range
+
+Value = Union[Growth, tuple]
+Transfer = Callable[..., Value]
+
+try:
+    import tomllib
+except ModuleNotFoundError:  # Python 3.10
+    import tomli as tomllib  # type: ignore[no-redef]
+
+
+@dataclass(frozen=True)
+class Primitive:
+    """A registry entry, documented like a Table 1 row."""
+
+    id: str
+    name: str
+    q: str
+    why: str
+    transfer: Transfer
+    exponent: Optional[float] = None  # the numeric exponent of a default-transfer entry
+    coefficient: str = ""
+    table1: bool = False
+    family: frozenset[str] = frozenset()  # op vocabulary: plumbing, carrier, view, sum, norm, softmax, ...
+    meta_args: frozenset[str] = frozenset()  # arguments read for their shape / dtype / device only
+    meta_output: bool = False  # the result is metadata (a size, a dtype), not a value
+    params: frozenset[str] = frozenset()  # parameters the rule accepts whatever their value
+    range: Any = None  # declared output range: (lo, hi), "input", or None
+    real: Optional[str] = None  # "real": the output is real; "complex": complex
+    aliases: tuple[tuple[str, str], ...] = ()
+    targets: tuple[str, ...] = ()
+    source: str = ""  # the TOML file that declares it
+
+    @property
+    def plumbing(self) -> bool:
+        return "plumbing" in self.family
+
+    def declared_range(self, input_range: Range) -> Range:
+        if self.range == "input":
+            return input_range
+        if isinstance(self.range, (list, tuple)):
+            lo, hi = (float(v) for v in self.range[:2])
+            return Range(lo=lo, hi=hi, pos=len(self.range) > 2 and self.range[2] == "open" and lo >= 0)
+        return ANY
+
+
+@dataclass(frozen=True)
+class Declared:
+    """A user-declared opaque module: ``||M(x)|| <= c*||x||**q + b`` on its largest input."""
+
+    q: float
+    why: str
+    name: str = ""
+
+    def __post_init__(self) -> None:
+        if not (isinstance(self.q, (int, float)) and self.q >= 0 and not math.isnan(self.q)):
+            raise ValueError(f"a declared exponent is a number >= 0, got {self.q!r}")
+        if not self.why.strip():
+            raise ValueError("a declared exponent needs a justification (why=...)")
+
+
+DECLARATION = "__qlint_primitive__"
+
+
+def register(cls: Optional[type] = None, *, q: float, why: str, name: str = "") -> Any:
+    """Declare a module class's exponent; qlint then treats it as an opaque leaf.
+
+    The declaration is stored on the class (not in a global registry), applies to that
+    exact class only (a subclass with its own forward is traced), and is shown in
+    reports with its justification. Use ``qlint.register(MyGate, q=0, why="output in
+    [0, 1]")`` or as a decorator ``@qlint.register(q=0, why=...)``; per call, pass
+    ``primitives={"pkg.mod.MyGate": {"q": 0, "why": "..."}}`` to ``qlint.analyze``; per
+    project, ``[tool.qlint.primitives]`` in pyproject.toml.
+    """
+    declared = Declared(q=q, why=why, name=name)
+
+    def apply(target: type) -> type:
+        setattr(target, DECLARATION, declared)
+        return target
+
+    return apply(cls) if cls is not None else apply
+
+
+def declared_of(cls: type) -> Optional[Declared]:
+    """The declaration made on exactly this class (subclasses do not inherit it)."""
+    value = vars(cls).get(DECLARATION)
+    return value if isinstance(value, Declared) else None
+
+
+class Registry:
+    """Maps graph targets to primitives; one key scheme: the resolved target object.
+
+    ``("function", obj)`` for torch functions, ATen overload packets and Python
+    functions; ``("method", name)`` for Tensor methods; ``("module", cls)`` for the
+    few nn modules that are leaves (their forward cannot be traced through).
+    """
+
+    def __init__(self, primitives: Iterable[Primitive] = (), declared: Optional[dict[type, Declared]] = None) -> None:
+        self.primitives: list[Primitive] = []
+        self.by_id: dict[str, Primitive] = {}
+        self._by_key: dict[tuple[str, Any], Primitive] = {}
+        self.unresolved: list[tuple[str, str]] = []
+        self.declared: dict[type, Declared] = dict(declared or {})
+        for primitive in primitives:
+            self.add(primitive)
+
+    def add(self, primitive: Primitive) -> Primitive:
+        if primitive.id in self.by_id:
+            raise ValueError(f"primitive id {primitive.id!r} is declared twice ({primitive.source})")
+        self.primitives.append(primitive)
+        self.by_id[primitive.id] = primitive
+        for target in primitive.targets:
+            key = resolve(target)
+            if key is None:
+                self.unresolved.append((primitive.id, target))
+                continue
+            previous = self._by_key.get(key)
+            if previous is not None and previous is not primitive:
+                raise ValueError(f"{target} is claimed by both {previous.id!r} and {primitive.id!r}")
+            self._by_key[key] = primitive
+        return primitive
+
+    def with_declared(self, declared: dict[type, Declared]) -> "Registry":
+        """This registry with more user declarations layered on top (no mutation)."""
+        layered = Registry.__new__(Registry)
+        layered.primitives, layered.by_id, layered._by_key = self.primitives, self.by_id, self._by_key
+        layered.unresolved = self.unresolved
+        layered.declared = {**self.declared, **declared}
+        return layered
+
+    def declaration(self, cls: type) -> Optional[Declared]:
+        return self.declared.get(cls) or declared_of(cls)
+
+    def lookup(self, op: str, target: Any) -> Optional[Primitive]:
+        """The primitive for a node's (op, target), or None when it is unknown."""
+        if op == "call_function":
+            packet = getattr(target, "overloadpacket", None)
+            try:
+                return self._by_key.get(("function", packet if packet is not None else target))
+            except TypeError:
+                return None
+        if op == "call_method":
+            return self._by_key.get(("method", target))
+        if op == "call_module":
+            return self._by_key.get(("module", target))
+        return None
+
+    def is_leaf(self, cls: type) -> bool:
+        """Whether symbolic_trace keeps an instance of this exact class as one node."""
+        return ("module", cls) in self._by_key or self.declaration(cls) is not None
+
+    def keys(self) -> Iterable[tuple[str, Any]]:
+        return self._by_key.keys()
+
+
+def resolve(target: str) -> Optional[tuple[str, Any]]:
+    """``"method:relu"``, ``"module:torch.nn.LSTM"``, ``"aten.relu"`` or a dotted path."""
+    if target.startswith("method:"):
+        return ("method", target[len("method:") :])
+    kind = "function"
+    if target.startswith("module:"):
+        kind, target = "module", target[len("module:") :]
+    if target.startswith("aten.") or target.startswith("torch.ops."):
+        import torch
+
+        namespace, _, name = target.removeprefix("torch.ops.").partition(".")
+        packet = getattr(getattr(torch.ops, namespace), name, None) if namespace else None
+        return None if packet is None else ("function", packet)
+    parts = target.split(".")
+    for split in range(len(parts) - 1, 0, -1):
+        try:
+            obj: Any = importlib.import_module(".".join(parts[:split]))
+        except ImportError:
+            continue
+        try:
+            for attr in parts[split:]:
+                obj = getattr(obj, attr)
+        except AttributeError:
+            return None
+        return (kind, obj)
+    return None
+
+
+# --- loading the declarative entries ------------------------------------------------------
+
+def rules_dir() -> Path:
+    """The ``rules/`` folder: ``qlint/_rules`` in a built install, the checkout's ``rules/`` otherwise."""
+    package = Path(__file__).resolve().parents[1]
+    for candidate in (package / "_rules", package.parent / "rules"):
+        if (candidate / "primitives").is_dir():
+            return candidate
+    raise FileNotFoundError("qlint's rules/ folder is missing from this installation")
+
+
+def entries() -> list[dict[str, Any]]:
+    """The raw TOML tables of every primitive (torch-free: ``qlint rules`` prints them)."""
+    out = []
+    for path in sorted((rules_dir() / "primitives").glob("*.toml")):
+        with path.open("rb") as handle:
+            data = tomllib.load(handle)
+        for table in data.get("primitive", []):
+            out.append({**table, "source": f"rules/primitives/{path.name}"})
+    return out
+
+
+def spellings(op: str) -> list[str]:
+    """Every public spelling of an ATen op name, plus its in-place twin.
+
+    ``add`` -> aten.add, torch.add, method:add, torch.nn.functional.add, and the same for
+    ``add_``; ``special_erf`` -> torch.special.erf; ``linalg_vector_norm`` ->
+    torch.linalg.vector_norm; ``fft_rfft`` -> torch.fft.rfft. Only the ones that exist
+    are kept (:func:`resolve` decides); the loader drops the rest silently because
+    they are conventions, not claims.
+    """
+    names = [op] + ([f"{op}_"] if not op.endswith("_") else [])
+    out = []
+    for name in names:
+        out += [f"aten.{name}", f"torch.{name}", f"method:{name}", f"torch.nn.functional.{name}", f"torch._C._nn.{name}"]
+        for prefix, namespace in (("special_", "torch.special."), ("linalg_", "torch.linalg."), ("fft_", "torch.fft.")):
+            if name.startswith(prefix):
+                out.append(namespace + name[len(prefix) :])
+    return out
+
+
+_DEFAULT: Optional[Registry] = None
+
+
+def default() -> Registry:
+    """The registry built from rules/primitives (once per process)."""
+    global _DEFAULT
+    if _DEFAULT is None:
+        _DEFAULT = build(entries())
+    return _DEFAULT
+
+
+def build(tables: Iterable[dict[str, Any]]) -> Registry:
+    from qlint.registry import transfers
+
+    registry = Registry()
+    for table in tables:
+        registry.add(_primitive(table, transfers))
+    return registry
+
+
+_FIELDS = {"id", "name", "q", "why", "ops", "targets", "modules", "transfer", "coefficient", "table1", "family",
+           "meta_args", "meta_output", "params", "range", "real", "aliases", "source", "spell"}
+
+
+def _primitive(table: dict[str, Any], transfers: Any) -> Primitive:
+    unknown = set(table) - _FIELDS
+    if unknown:
+        raise ValueError(f"{table.get('source')}: primitive {table.get('id')!r} has unknown keys {sorted(unknown)}")
+    ops = list(table.get("ops", []))
+    spelled = table.get("spell", True)
+    targets: list[str] = []
+    for op in ops:
+        targets += [t for t in (spellings(op) if spelled else [f"aten.{op}"]) if _exists(t)]
+    explicit = list(table.get("targets", [])) + [f"module:{m}" for m in table.get("modules", [])]
+    exponent = table.get("q")
+    name = table.get("transfer")
+    if name is None:
+        if not isinstance(exponent, (int, float)):
+            raise ValueError(f"{table.get('source')}: {table['id']!r} needs a numeric q or a transfer")
+        transfer = transfers.default
+    else:
+        transfer = transfers.TRANSFERS[name]
+    primitive = Primitive(
+        id=table["id"],
+        name=table["name"],
+        q=str(exponent) if not isinstance(exponent, str) else exponent,
+        why=" ".join(table["why"].split()),
+        transfer=transfer,
+        exponent=float(exponent) if isinstance(exponent, (int, float)) else None,
+        coefficient=table.get("coefficient", ""),
+        table1=bool(table.get("table1", False)),
+        family=frozenset(table.get("family", [])),
+        meta_args=frozenset(table.get("meta_args", [])),
+        meta_output=bool(table.get("meta_output", False)),
+        params=frozenset(table.get("params", [])),
+        range=_range(table.get("range")),
+        real=table.get("real"),
+        aliases=tuple(sorted(table.get("aliases", {}).items())),
+        targets=tuple(dict.fromkeys(targets + explicit)),
+        source=table.get("source", ""),
+    )
+    return primitive
+
+
+def _exists(target: str) -> bool:
+    """Whether a conventional spelling names something in the installed torch."""
+    if target.startswith("method:"):
+        import torch
+
+        return hasattr(torch.Tensor, target[len("method:") :])
+    return resolve(target) is not None
+
+
+def _range(value: Any) -> Any:
+    if isinstance(value, list):
+        return tuple(float(v) if not isinstance(v, str) or v in ("inf", "-inf") else v for v in value)
+    return value
+
+
+__all__ = ["Declared", "Primitive", "Registry", "default", "declared_of", "entries", "register", "resolve", "rules_dir", "spellings"]
