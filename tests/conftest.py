@@ -29,14 +29,14 @@ def single_thread():
 @pytest.fixture(scope="session")
 def lint():
     """Analyse a fixture spec once per session (tracing costs up to a second)."""
-    from qlint.analysis import Options, check
+    from qlint.analysis import Options, run_specs
 
     cache: dict[tuple, object] = {}
 
     def run(name: str, **options):
         key = (name, tuple(sorted(options.items())))
         if key not in cache:
-            cache[key] = check([fixture_spec(name)], Options(**options)).models[0]
+            cache[key] = run_specs([fixture_spec(name)], Options(**options)).models[0]
         return cache[key]
 
     return run

@@ -201,6 +201,11 @@ def _expand(node: fx.Node, graph: GraphFacts, scale: Optional[float], path: tupl
             factor = _number(a)
             if info.op == "mul" and factor is not None and isinstance(b, fx.Node):
                 return _expand(b, graph, _product(scale, factor), path + ((node, "other"),))
+            # a factor that does not depend on the data (a learned scale, a carry): a scaled term
+            if isinstance(a, fx.Node) and a in graph.data and not (isinstance(b, fx.Node) and b in graph.data):
+                return _expand(a, graph, None, path + ((node, "input"),))
+            if info.op == "mul" and isinstance(b, fx.Node) and b in graph.data and not (isinstance(a, fx.Node) and a in graph.data):
+                return _expand(b, graph, None, path + ((node, "other"),))
     return [Term(node, scale, path)]
 
 
@@ -265,6 +270,7 @@ def find_stream(graph: GraphFacts, root_name: str = "model") -> Stream:
     for index, block in enumerate(blocks):
         block.index = index
         block.post, block.post_node = _post(block, graph)
+    _settle_top_level_norms(blocks, transitions)
     _name(blocks, root_name)
     for transition in transitions:
         transition.name = _transition_name(transition)
@@ -293,13 +299,32 @@ def _as_block(join: fx.Node, graph: GraphFacts) -> Optional[Block]:
         if best is None or key > best[:2]:
             best = (*key, term, stream)
     if best is None:
-        return None
+        return _gated(join, terms, graph)
     _, _, skip, stream = best
     velocity = [t for t in terms if t is not skip]
     repeated = any(carried(t.node) is stream for t in velocity)
     exact = facts(join).op in _EXACT and skip.coefficient == 1.0 and not repeated and all(
         facts(node).op in _EXACT or facts(node).op in ("neg", "mul", "div") for node, _ in skip.path)
     return Block(join=join, stream=stream, skip=skip, terms=velocity, form="additive" if exact else "scaled")
+
+
+def _gated(join: fx.Node, terms: list[Term], graph: GraphFacts) -> Optional[Block]:
+    """A join whose skip is not a plain (scaled) copy, such as a gated skip g(x) * x + f(x):
+    every term is computed from one value X_k of the join's shape, so the join is a stream
+    map F(X_k), analysed in the scaled form (q <= max(1, q(F)))."""
+    shape = shape_of(join)
+    if shape is None:
+        return None
+    common = None
+    for term in terms:
+        ancestors = graph.ancestor_set(term.node)
+        common = ancestors if common is None else common & ancestors
+    candidates = [n for n in (common or ()) if shape_of(n) == shape]
+    if not candidates:
+        return None
+    stream = max(candidates, key=graph.order.__getitem__)
+    skip = Term(stream, None, ())
+    return Block(join=join, stream=stream, skip=skip, terms=list(terms), form="scaled")
 
 
 def _is_nested(block: Block, by_join: dict[fx.Node, Block], graph: GraphFacts) -> bool:
@@ -385,6 +410,22 @@ def _post(block: Block, graph: GraphFacts) -> tuple[Post, Optional[fx.Node]]:
     if info.op == "relu":
         return "post-activation", user
     return "", None
+
+
+def _settle_top_level_norms(blocks: list[Block], transitions: list[Transition]) -> None:
+    """At the top level no module owns the norm, so ask the stream instead.
+
+    In ``for layer: x = norm(x + f(x))`` each norm leads to the next block's X_k; after a
+    pre-norm stack ``for layer: x = x + f(norm(x))`` the norm that follows the last block
+    is the model's head, not part of that block. A lone ``norm(x + f(x))`` stays Post-LN.
+    """
+    feeding = {n for t in transitions for n in t.region} | {b.stream for b in blocks}
+    previous: Optional[Block] = None
+    for block in blocks:
+        if block.post == "post-norm" and not module_path(block.join) and block.post_node not in feeding:
+            if previous is not None and previous.post != "post-norm":
+                block.post, block.post_node = "", None
+        previous = block
 
 
 # --- names ---------------------------------------------------------------------------------------

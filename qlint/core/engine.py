@@ -9,6 +9,7 @@ here; the lint rules read an Analysis and emit them.
 
 from __future__ import annotations
 
+import collections
 import math
 from dataclasses import dataclass, field
 from typing import Any, Optional
@@ -40,7 +41,7 @@ class Analysis:
     prop: GrowthProp
     base: dict[fx.Node, Any]  # the whole-graph pass: every node relative to the model's inputs
     stream: Stream
-    envs: dict[str, dict[fx.Node, Any]]  # per block / transition name: the values of its pass
+    envs: dict[str, Any]  # per block / transition name: the values of its pass (over the whole-graph pass)
     report: ModelReport
     threshold: float = 1.0
     options: Any = None
@@ -71,13 +72,13 @@ def analyse(model: torch.nn.Module, inputs: Optional[tuple], traced: TracedGraph
     prop = GrowthProp(module, graph, training=model.training, assume_real=assume_real)
     base = prop.run_graph()
     stream = find_stream(graph, root_name=type(model).__name__)
-    envs: dict[str, dict] = {}
+    envs: dict[str, Any] = {}
     velocities: dict[str, Growth] = {}
     blocks = []
     for block in stream.blocks:
         seeds = {block.stream: prop.seed(block.stream, base, stream=True)}
         seeds.update({u: prop.seed(u, base, stream=False) for u in block.side})
-        env = prop.propagate(seeds, block.region, base)
+        env = collections.ChainMap(prop.propagate(seeds, block.region, base), base)
         envs[block.name] = env
         velocity = velocity_of(block, env, prop)
         velocities[block.name] = velocity
@@ -86,7 +87,7 @@ def analyse(model: torch.nn.Module, inputs: Optional[tuple], traced: TracedGraph
     for index, transition in enumerate(stream.transitions):
         seeds = {s: prop.seed(s, base, stream=True) for s in transition.sources}
         seeds.update({u: prop.seed(u, base, stream=False) for u in transition.side})
-        env = prop.propagate(seeds, transition.region, base)
+        env = collections.ChainMap(prop.propagate(seeds, transition.region, base), base)
         envs[transition.name] = env
         transitions.append(_transition_result(index, transition, env, graph, threshold))
     report = ModelReport(spec=spec, tracer=traced.tracer, mode="train" if model.training else "eval", blocks=blocks,

@@ -186,6 +186,19 @@ class GraphFacts:
             return False
         return bool((self._ancestor_bits()[node] >> self._index[ancestor]) & 1)
 
+    def ancestor_set(self, node: fx.Node) -> set[fx.Node]:
+        """The data nodes ``node`` depends on, itself included."""
+        if node not in self.data:
+            return set()
+        bits = self._ancestor_bits()[node] | (1 << self._index[node])
+        data_nodes = self._data_nodes()
+        return {data_nodes[i] for i in range(bits.bit_length()) if (bits >> i) & 1}
+
+    def _data_nodes(self) -> list[fx.Node]:
+        if not hasattr(self, "_data_list"):
+            self._data_list = [n for n in self.nodes if n in self.data]
+        return self._data_list
+
     def depends_on(self, node: fx.Node, source: fx.Node) -> bool:
         return node is source or self.is_ancestor(source, node)
 

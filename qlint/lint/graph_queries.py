@@ -1,0 +1,122 @@
+"""Graph questions the QL2xx / QL3xx rules share, asked in the registry's op vocabulary."""
+
+from __future__ import annotations
+
+from typing import Any, Optional
+
+import torch
+import torch.fx as fx
+
+from qlint.core.engine import Analysis
+from qlint.core.graph import facts
+from qlint.core.ops import op_name
+from qlint.core.relations import Normalisation, strip
+
+NORMS = frozenset({"layer_norm", "native_layer_norm", "rms_norm", "_fused_rms_norm", "group_norm", "native_group_norm",
+                   "normalize"})
+_RUNNING_STATS_OPS = {"_native_batch_norm_legit_no_training", "_batch_norm_no_update"}
+_BATCH_STATS_OPS = {"_native_batch_norm_legit", "_native_batch_norm_legit_functional", "_batch_norm_with_update"}
+
+
+def op(node: Any) -> str:
+    """The registry entry id of a node ('' for ops outside the registry and leaves)."""
+    return facts(node).op if isinstance(node, fx.Node) and "qlint" in node.meta else ""
+
+
+def argument(node: fx.Node, name: str, default: Any = None) -> Any:
+    bound = facts(node).bound
+    if bound is None:
+        return default
+    return bound.arguments.get(name, bound.defaults.get(name, default))
+
+
+def carried(node: Any) -> Any:
+    """The value a node carries through copies, casts and reshapes."""
+    while isinstance(node, fx.Node):
+        stripped = strip(node)
+        if stripped is not node:
+            node = stripped
+            continue
+        if op(node) in ("view", "cast") and isinstance(argument(node, "input"), fx.Node) and op_name(node) != "getitem":
+            node = argument(node, "input")
+            continue
+        return node
+    return node
+
+
+def uses_running_stats(node: fx.Node) -> Optional[bool]:
+    """True for a BatchNorm / InstanceNorm on running statistics (an affine map), False on
+    batch statistics, None if the node is neither."""
+    if op(node) != "batch_norm":
+        return None
+    name = op_name(node)
+    if name in _RUNNING_STATS_OPS or name in _BATCH_STATS_OPS:
+        return name in _RUNNING_STATS_OPS
+    if argument(node, "running_mean") is None and argument(node, "running_var") is None:
+        return False
+    if name == "instance_norm":
+        return not argument(node, "use_input_stats", True)
+    return not argument(node, "training", False)
+
+
+def is_normalizer(node: fx.Node) -> bool:
+    """LayerNorm, RMSNorm, GroupNorm, L2 normalization, hand-written (proved) or not; BatchNorm
+    only with batch statistics (with running statistics it is an affine map, QL205)."""
+    if not isinstance(node, fx.Node) or "qlint" not in node.meta:
+        return False
+    if isinstance(facts(node).relation, Normalisation) or op(node) in NORMS:
+        return True
+    return uses_running_stats(node) is False
+
+
+def normalised_input(node: fx.Node) -> Optional[fx.Node]:
+    """The tensor a normalizer normalises (through casts; the raw x of a centred x - mean)."""
+    relation = facts(node).relation
+    value = relation.numerator if isinstance(relation, Normalisation) else argument(node, "input")
+    if not isinstance(value, fx.Node):
+        return None
+    value = carried(value)
+    if isinstance(relation, Normalisation) and op(value) == "sub" and isinstance(argument(value, "input"), fx.Node):
+        value = carried(argument(value, "input"))
+    return value
+
+
+def constant_value(value: Any, analysis: Analysis) -> Optional[torch.Tensor]:
+    """Evaluate a value that depends on parameters, buffers and constants only (None otherwise)."""
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        return torch.tensor(float(value))
+    if not isinstance(value, fx.Node) or value in analysis.graph.data:
+        return None
+    needed, stack = set(), [value]
+    while stack:
+        node = stack.pop()
+        if node not in needed:
+            needed.add(node)
+            stack.extend(node.all_input_nodes)
+    if any(n.op == "placeholder" for n in needed):
+        return None
+    interpreter = fx.Interpreter(analysis.module)
+    try:
+        with torch.no_grad():
+            for node in analysis.graph.nodes:
+                if node in needed:
+                    interpreter.env[node] = interpreter.run_node(node)
+    except Exception:  # a parameter expression that cannot run here (meta tensors)
+        return None
+    result = interpreter.env[value]
+    if not isinstance(result, torch.Tensor) or result.is_meta:
+        return None
+    return result.detach()
+
+
+def common_path(paths: list[str]) -> str:
+    """The longest dotted prefix shared by module paths ('layers' for layers.0, layers.1)."""
+    split = [p.split(".") for p in paths if p]
+    if not split or len(split) < len(paths):
+        return ""
+    prefix = []
+    for parts in zip(*split):
+        if len(set(parts)) != 1:
+            break
+        prefix.append(parts[0])
+    return ".".join(prefix)
