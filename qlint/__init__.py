@@ -3,7 +3,11 @@
 Every residual block X_{k+1} = X_k + v(X_k) of a PyTorch model is certified when
 its velocity grows at most linearly, ||v(x)|| <= c*||x||**q + b with q <= 1.
 
-The public API is imported lazily so that ``qlint --help`` does not import torch.
+The public API is imported lazily so that ``qlint --help`` does not import torch:
+``qlint.check(specs)`` and ``qlint.analyze(model, inputs)`` (:mod:`qlint.api`, the same
+configuration as the command line), ``qlint.register(cls, q=..., why=...)``
+(:mod:`qlint.registry`) and ``qlint.remedy(...)`` (:mod:`qlint.remedies`). Probes are in
+the :mod:`qlint.probe` package.
 """
 
 from __future__ import annotations
@@ -12,19 +16,19 @@ from typing import TYPE_CHECKING, Any
 
 __version__ = "0.1.0"
 
-__all__ = ["__version__", "analyze", "check", "register", "remedy", "probe"]
+__all__ = ["__version__", "analyze", "check", "register", "remedy"]
 
 _LAZY = {
-    "analyze": "qlint.analysis",
-    "check": "qlint.analysis",
-    "register": "qlint.rules.primitives",
+    "analyze": "qlint.api",
+    "check": "qlint.api",
+    "register": "qlint.registry",
     "remedy": "qlint.remedies",
-    "probe": "qlint.probe",
 }
 
 if TYPE_CHECKING:  # pragma: no cover
-    from qlint.analysis import analyze, check
-    from qlint.rules.primitives import register
+    from qlint.api import analyze, check
+    from qlint.registry import register
+    from qlint.remedies import remedy
 
 
 def __getattr__(name: str) -> Any:

@@ -2,7 +2,7 @@
 
 :func:`model_coverage` lists every op kind of one analysed model with the registry
 entry that bounds it. An unknown op matters only where it can change a verdict: in
-a residual block's cone *and* computed from X_k. Elsewhere (masks, positions, the
+a residual block's region *and* computed from X_k. Elsewhere (masks, positions, the
 embedding or the head) it is listed but harmless.
 
 :func:`registry_coverage` measures the registry against the IR it targets: the core
@@ -18,8 +18,10 @@ from typing import Any, Optional
 import torch
 import torch.fx as fx
 
-from qlint.propagate import describe
-from qlint.rules.primitives import USER_DECLARED, Registry
+from qlint.core.graph import facts
+from qlint.core.ops import describe
+from qlint.core.relations import Normalisation
+from qlint.registry import Registry
 
 Status = str  # "known" | "declared" | "unknown"
 
@@ -73,12 +75,12 @@ def op_kind(node: fx.Node, module: Optional[torch.nn.Module]) -> str:
 
 def model_coverage(analysis: Any) -> ModelCoverage:
     """Every op kind in ``analysis``'s graph, how the registry treats it, and where it blocks."""
-    interpreter = analysis.interpreter
     module = analysis.traced.module
     blocks_of: dict[fx.Node, list[str]] = {}
-    for residual in analysis.residual_blocks:
-        for node in residual.cone:
-            if node in interpreter.unknown:
+    for residual in analysis.stream.blocks:
+        for node in residual.region:
+            info = facts(node)
+            if (info.primitive is None or info.primitive.unbounded) and info.declared is None:
                 blocks_of.setdefault(node, []).append(residual.name)
     uses: dict[str, OpUse] = {}
     for node in module.graph.nodes:
@@ -87,7 +89,7 @@ def model_coverage(analysis: Any) -> ModelCoverage:
         submodule = module.get_submodule(node.target) if node.op == "call_module" else None
         use = uses.setdefault(op_kind(node, submodule), OpUse(op_kind(node, submodule)))
         use.count += 1
-        status, entry = _status(node, submodule, interpreter)
+        status, entry = _status(node)
         if _STATUS_ORDER.index(status) > _STATUS_ORDER.index(use.status):
             use.status = status
         if entry and entry not in use.entries:
@@ -103,17 +105,15 @@ def model_coverage(analysis: Any) -> ModelCoverage:
 _STATUS_ORDER = ("known", "declared", "unknown")  # a kind takes its worst status
 
 
-def _status(node: fx.Node, submodule: Optional[torch.nn.Module], interpreter: Any) -> tuple[Status, str]:
-    region = interpreter.leaf_regions.get(node)
-    if region is not None:
-        return "declared", region.primitive.name
-    if node in interpreter.normalizations:  # x * rsqrt(mean(x^2) + eps): matched on the graph
-        return "known", interpreter.normalizations[node][0]
-    target = type(submodule) if submodule is not None else node.target
-    primitive = interpreter.registry.lookup(node.op, target)
-    if primitive is None:
+def _status(node: fx.Node) -> tuple[Status, str]:
+    info = facts(node)
+    if info.declared is not None:
+        return "declared", info.declared_class
+    if isinstance(info.relation, Normalisation):  # x * rsqrt(mean(x^2) + eps): proved on the graph
+        return "known", info.relation.description
+    if info.primitive is None or info.primitive.unbounded:
         return "unknown", ""
-    return ("declared" if primitive in USER_DECLARED.values() else "known"), primitive.name
+    return "known", info.primitive.name
 
 
 # --- the registry against torch's IR ----------------------------------------------------

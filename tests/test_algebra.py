@@ -5,7 +5,7 @@ import math
 from hypothesis import given
 from hypothesis import strategies as st
 
-from qlint import algebra
+from qlint.core import algebra
 
 finite = st.one_of(st.just(0.0), st.floats(min_value=1e-3, max_value=50))  # no underflow to 0
 exponent = st.one_of(finite, st.just(math.inf), st.none())

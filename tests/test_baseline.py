@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from qlint.baseline import BaselineError, filter_new, load_baseline, normalize_message, write_baseline
-from qlint.report import Finding, ModelReport, Report, Source
+from qlint.ci.baseline import BaselineError, filter_new, load_baseline, normalize_message, write_baseline
+from qlint.core.results import Finding, ModelReport, Report, Source
 
 
 def finding(code="QL101", block="layers.0", message="block layers.0: q = 3 > 1", line=10, file="pkg/m.py"):

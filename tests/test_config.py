@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from qlint.config import (
+from qlint.ci.config import (
     Config,
     ConfigError,
     RuleSelection,
@@ -292,7 +292,7 @@ def layers(*specs):
     ],
 )
 def test_rule_selection_matches_ruff(file, cli, code, expected):
-    from qlint.config import DEFAULT_SELECTION
+    from qlint.ci.config import DEFAULT_SELECTION
 
     stack = [DEFAULT_SELECTION, *layers(file, cli)[1:]]
     assert resolve_selected(code, stack) is expected
@@ -337,7 +337,9 @@ def test_fail_on(fail_on, severity, fails):
 
 
 def test_choices_agree_with_the_core():
-    from qlint import config, loader, trace
+    from qlint import loader
+    from qlint.ci import config
+    from qlint.core import trace
 
     assert config.TRACERS == trace.TRACERS
     assert tuple(config.DTYPES) == tuple(loader.DTYPES)

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from qlint.formats import (
+from qlint.ci.formats import (
     FORMATS,
     escape_data,
     escape_property,
@@ -17,8 +17,8 @@ from qlint.formats import (
     to_sarif,
     write_output,
 )
-from qlint.report import Block, Finding, ModelReport, Report, Source
-from qlint.rules.checks import load_all
+from qlint.core.results import Block, Finding, ModelReport, Report, Source
+from qlint.lint import rules as load_all
 
 
 @pytest.fixture

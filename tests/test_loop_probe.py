@@ -8,8 +8,8 @@ import torch
 from click.testing import CliRunner
 
 from qlint.cli import main
-from qlint.loop_probe import LoopMap, LoopSettings, probe_loops
-from qlint.probe import ProbeError
+from qlint.probe.loops import LoopMap, LoopSettings, probe_loops
+from qlint.probe.measure import ProbeError
 from tests.conftest import FIXTURES, fixture_spec
 
 sys.path.insert(0, str(FIXTURES))
@@ -46,9 +46,9 @@ def test_residuals_shrink_geometrically_at_the_spectral_rate(low_carry):
 
 def test_matrix_free_estimates_match_the_dense_jacobian():
     from qlint.analysis import Options
-    from qlint.loop_probe import iterate
-    from qlint.probe import jvp_power_iteration, operator_norm, trace_float64
-    from qlint.rules.checks.looped import find_loops
+    from qlint.probe.loops import iterate
+    from qlint.probe.measure import jvp_power_iteration, operator_norm, trace_float64
+    from qlint.lint.looped import find_loops
 
     analysis, trajectory = trace_float64(*looped.constrained(), spec="constrained", options=Options())
     loop_map = LoopMap(trajectory, find_loops(analysis)[0])

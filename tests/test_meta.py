@@ -7,7 +7,8 @@ import textwrap
 import pytest
 from click.testing import CliRunner
 
-from qlint.analysis import Options, check, load_model, run
+from qlint.analysis import Options, load_model, run
+from qlint.analysis import run_specs as check
 from qlint.cli import main
 from conftest import fixture_spec
 

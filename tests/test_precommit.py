@@ -120,7 +120,7 @@ def certified():
 
 
 def core_ready() -> bool:
-    return importlib.util.find_spec("qlint.commands.check") is not None
+    return importlib.util.find_spec("qlint.cli.check") is not None
 
 
 @pytest.mark.skipif(shutil.which("git") is None, reason="needs git")

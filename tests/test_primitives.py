@@ -8,7 +8,7 @@ import torch.nn.functional as F
 from torch import nn
 
 import qlint
-from qlint.rules.primitives import load
+from qlint.registry import default as load
 
 D = 8
 
@@ -76,7 +76,7 @@ def test_exponent(branch, q):
         (lambda m, h: h / h.sum(), "division"),
         (lambda m, h: torch.rsqrt(h.abs()), "reciprocal"),
         (lambda m, h: torch.log(h.abs()), "log"),
-        (lambda m, h: torch.special.i0(h), "unknown op"),
+        (lambda m, h: torch.special.i0(h), "i0"),
         (lambda m, h: torch.pow(2.0, h), "pow of an argument not bounded above"),
     ],
 )
@@ -93,8 +93,8 @@ def test_cannot_bound_is_never_certified(branch, culprit):
         (lambda m, h: h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + 1e-6), "RMSNorm written out"),
         (lambda m, h: (h - h.mean(-1, keepdim=True)) / torch.sqrt(h.var(-1, keepdim=True) + 1e-5), "LayerNorm written out"),
         (lambda m, h: (h - h.mean(-1, keepdim=True)) / (((h - h.mean(-1, keepdim=True)) ** 2).mean(-1, keepdim=True) + 1e-5).sqrt(), "LayerNorm written out"),
-        (lambda m, h: h / h.norm(dim=-1, keepdim=True), "L2 normalization written out"),
         (lambda m, h: h / (h.norm(dim=-1, keepdim=True) + 1e-6), "L2 normalization written out"),
+        (lambda m, h: h / h.norm(dim=-1, keepdim=True).clamp(min=1e-6), "L2 normalization written out"),
         (lambda m, h: h.float() * torch.rsqrt(h.float().pow(2).mean(-1, keepdim=True) + 1e-6), "RMSNorm written out"),
     ],
 )
@@ -188,10 +188,16 @@ class NoResidual(nn.Module):
         return self.fc(x) + 1.0
 
 
-def test_a_model_without_residual_blocks_is_trivially_certified():
-    report = qlint.analyze(NoResidual())
-    assert report.blocks == [] and report.verdict == "certified"
-    assert not [f for f in report.findings if f.code.startswith("QL1")]
+def test_a_normalization_without_eps_is_not_proved():
+    # x / ||x|| is undefined at x = 0: without eps > 0 (or clamp(min > 0)) it is a division by a value that may vanish
+    block = q_of(lambda m, h: h / h.norm(dim=-1, keepdim=True))
+    assert block.status == "uncertified" and "division" in block.extra["culprit"]
+
+
+def test_a_model_without_residual_blocks_is_never_certified():
+    report = qlint.analyze(NoResidual(), isolated=True)
+    assert report.blocks == [] and report.verdict == "uncertified"
+    assert [f.code for f in report.findings if f.code.startswith("QL1")] == ["QL106"]
 
 
 def test_registry_entries_are_justified():

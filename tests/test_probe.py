@@ -14,7 +14,7 @@ from torch import nn
 from qlint.analysis import Options
 from qlint.cli import main
 from qlint.loader import load
-from qlint.probe import (
+from qlint.probe.measure import (
     ProbeSettings,
     Trajectory,
     VelocityField,
@@ -27,8 +27,8 @@ from qlint.probe import (
     stable_norm,
     trace_float64,
 )
-from qlint.probe_bounds import BlockConstants, backward_bound, forward_bound, largest_finite, overflow_depth, step
-from qlint.probe_init import nonlinearity_gain
+from qlint.probe.bounds import BlockConstants, backward_bound, forward_bound, largest_finite, overflow_depth, step
+from qlint.probe.init import nonlinearity_gain
 from qlint.zoo import toy
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"

@@ -12,9 +12,10 @@ from torch import nn
 
 import qlint
 from qlint import remedies
-from qlint.analysis import Options, check, run
-from qlint.render import render_full
-from qlint.trace import module_path
+from qlint.analysis import Options, run
+from qlint.analysis import run_specs as check
+from qlint.ci.render import render_full
+from qlint.core.graph import module_path
 
 ROOT = Path(__file__).resolve().parents[1]
 

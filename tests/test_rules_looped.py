@@ -6,7 +6,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from qlint.analysis import Options, load_model, run
-from qlint.rules.checks.looped import carry_problem, find_loops
+from qlint.lint.looped import carry_problem, find_loops
 
 TRACERS = ["symbolic_trace", "export"]
 FIXTURES = ["constrained", "free_carry", "identity_increment", "unit_carry"]

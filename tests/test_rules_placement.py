@@ -5,7 +5,7 @@ import math
 import pytest
 
 from qlint.analysis import Options, load_model, run
-from qlint.rules.checks.placement import branch_scale, data_dependent
+from qlint.lint.placement import branch_scale
 
 TRACERS = ["symbolic_trace", "export"]
 
@@ -85,8 +85,7 @@ def test_shallow_stacks_are_not_checked(lint):
 def test_branch_scale_measures_multiplier_times_relative_gain(name, expected):
     loaded = load_model(f"fixtures/placement.py:{name}", Options())
     analysis = run(loaded.model, loaded.inputs, spec=name, options=Options())
-    dependent = data_dependent(analysis.traced.graph)
-    scales = [branch_scale(b.terms[0], analysis, dependent) for b in analysis.residual_blocks]
+    scales = [branch_scale(b.terms[0].node, analysis) for b in analysis.stream.blocks]
     # default init: std(W) sqrt(fan_in) = 1/sqrt(3) up to sampling error of a 16 x 64 matrix
     assert all(abs(scale / expected - 1) < 0.1 for scale in scales), scales
 

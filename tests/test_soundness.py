@@ -1,6 +1,6 @@
 """The soundness law: measured q <= static q + tol on random residual architectures.
 
-Architectures come from :mod:`qlint.probe_architectures` (compositions, sums,
+Architectures come from :mod:`qlint.probe.architectures` (compositions, sums,
 Hadamard products, norms, nested residuals, powers, activations); where the
 arithmetic is tight (documented there) the measured exponent must reach the
 static one. This bounded run is the CI guard against an unsound rule;
@@ -12,8 +12,8 @@ from __future__ import annotations
 import pytest
 from hypothesis import HealthCheck, given, settings
 
-from qlint.probe import ProbeSettings, measure_model
-from qlint.probe_architectures import Input, NestedResidual, Normalization, Power, Product, architectures, build
+from qlint.probe.measure import ProbeSettings, measure_model
+from qlint.probe.architectures import Input, NestedResidual, Normalization, Power, Product, architectures, build
 
 SETTINGS = ProbeSettings(random_directions=4)
 

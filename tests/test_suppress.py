@@ -7,10 +7,10 @@ from pathlib import Path
 
 import pytest
 
-from qlint.config import Config, parse_config
-from qlint.report import Block, Finding, ModelReport, Source
-from qlint.rules.checks import load_all
-from qlint.suppress import apply_suppressions, parse_noqa, scan_source
+from qlint.ci.config import Config, parse_config
+from qlint.core.results import Block, Finding, ModelReport, Source
+from qlint.lint import rules as load_all
+from qlint.ci.suppress import apply_suppressions, parse_noqa, scan_source
 
 MODEL = '''\
 import torch

@@ -28,9 +28,9 @@ from pathlib import Path
 from typing import Any, Optional
 
 from qlint import __version__
-from qlint.config import is_path_spec, split_spec
-from qlint.formats import relative_path
-from qlint.report import Finding, Report
+from qlint.ci.config import is_path_spec, split_spec
+from qlint.ci.formats import relative_path
+from qlint.core.results import Finding, Report
 
 FORMAT_VERSION = 1
 

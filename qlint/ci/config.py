@@ -30,13 +30,13 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Iterable, Mapping, Optional, Sequence
 
-from qlint.report import SEVERITY_RANK
+from qlint.core.results import SEVERITY_RANK
 
 CONFIG_FILES = (".qlint.toml", "qlint.toml", "pyproject.toml")
 FORMATS = ("full", "concise", "json", "sarif", "github", "markdown")
 SEVERITIES = tuple(SEVERITY_RANK)  # info, warning, error
 MODES = ("train", "eval")
-TRACERS = ("symbolic_trace", "export", "make_fx")  # qlint.trace.TRACERS (which imports torch)
+TRACERS = ("symbolic_trace", "export", "make_fx")  # qlint.core.trace.TRACERS (which imports torch)
 try:
     from qlint.loader import DTYPES  # the dtypes --input-dtype accepts (torch-free import)
 except ImportError:  # pragma: no cover

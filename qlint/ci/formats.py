@@ -1,6 +1,6 @@
 """Output formats for ``--output-format`` (alias ``--format``).
 
-* ``full``: the rich report (``qlint.render``, written by the core);
+* ``full``: the rich report (``qlint.ci.render``, written by the core);
 * ``concise``: one line per finding, ``file:line: CODE message``;
 * ``json``: ``Report.to_dict()``, the documented schema;
 * ``sarif``: SARIF 2.1.0 as GitHub code scanning accepts it;
@@ -23,8 +23,8 @@ from pathlib import Path
 from typing import IO, Any, Optional
 
 from qlint import __version__
-from qlint.algebra import format_q
-from qlint.report import Finding, ModelReport, Report, Source
+from qlint.core.algebra import format_q
+from qlint.core.results import Finding, ModelReport, Report, Source
 
 FORMATS = ("full", "concise", "json", "sarif", "github", "markdown")
 
@@ -85,9 +85,9 @@ def display_path(file: str) -> str:
 
 
 def _rules() -> dict[str, Any]:
-    from qlint.rules.checks import load_all
+    from qlint.lint import rules
 
-    return load_all()
+    return rules()
 
 
 def _sorted_findings(report: Report) -> list[tuple[ModelReport, Finding]]:
@@ -272,7 +272,7 @@ def _rule_descriptor(rule: Any) -> dict[str, Any]:
 
 def _fallback_file(spec: str) -> Optional[str]:
     """The file a model spec names, for findings without a source line."""
-    from qlint.config import is_path_spec, split_spec
+    from qlint.ci.config import is_path_spec, split_spec
 
     target, _ = split_spec(spec)
     if is_path_spec(target):
@@ -297,7 +297,7 @@ def _physical_location(file: str, line: int, root: Path) -> dict[str, Any]:
 
 def to_sarif(report: Report, root: Optional[Path] = None) -> dict[str, Any]:
     """The report as a SARIF 2.1.0 log (one run) for GitHub code scanning."""
-    from qlint.baseline import finding_key
+    from qlint.ci.baseline import finding_key
 
     root = (root or git_root()).resolve()
     catalogue = _rules()
@@ -384,12 +384,12 @@ def render(report: Report, fmt: str, *, statistics: bool = False) -> str:
         return render_github(report)
     if fmt == "markdown":
         return render_markdown(report)
-    raise ValueError("the 'full' format is rendered by qlint.render (use write_output)")
+    raise ValueError("the 'full' format is rendered by qlint.ci.render (use write_output)")
 
 
 def _render_full(report: Report, stream: IO[str], *, color: Optional[bool], **options: Any) -> None:
-    """The core's rich report (``qlint.render``): coloured on a terminal, plain in a file."""
-    from qlint import render as full
+    """The core's rich report (``qlint.ci.render``): coloured on a terminal, plain in a file."""
+    from qlint.ci import render as full
 
     if color is False:
         stream.write(full.render_full(report, **options))

@@ -9,8 +9,8 @@ from rich.console import Console, Group
 from rich.table import Table
 from rich.text import Text
 
-from qlint.algebra import format_q
-from qlint.report import Block, DerivationStep, ModelReport, Report, Source
+from qlint.core.algebra import format_q
+from qlint.core.results import Block, DerivationStep, ModelReport, Report, Source
 
 STATUS_STYLE = {"ok": "green", "supercritical": "bold red", "uncertified": "bold yellow"}
 SEVERITY_STYLE = {"error": "bold red", "warning": "yellow", "info": "cyan"}

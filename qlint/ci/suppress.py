@@ -19,8 +19,8 @@ import tokenize
 from dataclasses import dataclass, field, replace
 from typing import Optional
 
-from qlint.config import Config
-from qlint.report import Finding, ModelReport, Source
+from qlint.ci.config import Config
+from qlint.core.results import Finding, ModelReport, Source
 
 NOQA = re.compile(
     r"#\s*qlint\s*:\s*noqa(?:\s*:\s*(?P<codes>[A-Za-z]+[0-9]+(?:(?:\s*,\s*|\s+)[A-Za-z]+[0-9]+)*))?",
@@ -133,10 +133,10 @@ def apply_suppressions(model_report: ModelReport, config: Optional[Config] = Non
     by a comment, followed by one QL100 (if enabled) per noqa comment on a line qlint
     looked at that suppressed nothing (or named codes that did not fire there).
     """
-    from qlint.rules.checks import load_all
+    from qlint.lint import rules as all_rules
 
     config = config or Config()
-    rules = load_all()
+    rules = all_rules()
     findings = model_report.findings
 
     # Lines qlint looked at: each block's residual add and each finding's place.
@@ -193,23 +193,16 @@ def apply_suppressions(model_report: ModelReport, config: Optional[Config] = Non
                 )
                 if _code_matches(config.block_ignores(block_name), "QL100"):
                     continue
-                unused_findings.append(
-                    Finding(
-                        code="QL100",
-                        severity=rules["QL100"].severity if "QL100" in rules else "warning",
-                        message=message,
-                        block=block_name,
-                        source=Source(shown_name.get(file_key, d.file), d.line),
-                    )
-                )
+                unused_findings.append(rules["QL100"].finding(block_name, Source(shown_name.get(file_key, d.file), d.line), **message))
         unused_findings.sort(key=lambda f: (f.source.file, f.source.line) if f.source else ("", 0))
         kept.extend(unused_findings)
     return replace(model_report, findings=kept)
 
 
-def _unused_message(d: Directive, rules: dict, config: Config) -> Optional[str]:
+def _unused_message(d: Directive, rules: dict, config: Config) -> Optional[dict[str, str]]:
+    """The QL100 message fields for a directive that suppressed nothing (None when it did)."""
     if d.codes is None:
-        return None if d.used else "unused blanket `# qlint: noqa` directive"
+        return None if d.used else {"blanket": "blanket ", "detail": ""}
     groups: dict[str, list[str]] = {"unused": [], "non-enabled": [], "unknown": []}
     for code in d.codes:
         if code in d.used:
@@ -223,4 +216,4 @@ def _unused_message(d: Directive, rules: dict, config: Config) -> Optional[str]:
     parts = [f"{label}: {', '.join(codes)}" for label, codes in groups.items() if codes]
     if not parts:
         return None
-    return f"unused `# qlint: noqa` directive ({'; '.join(parts)})"
+    return {"blanket": "", "detail": f" ({'; '.join(parts)})"}

@@ -1,6 +1,6 @@
 """The ``qlint`` command: a thin click layer over the Python API.
 
-Subcommands live in ``qlint.commands.<name>`` and are imported only when invoked,
+Subcommands live in ``qlint.cli.<name>`` and are imported only when invoked,
 so ``qlint --help`` never imports torch. ``qlint SPEC ...`` means ``qlint check SPEC ...``.
 """
 
@@ -12,7 +12,7 @@ import click
 
 from qlint import __version__
 
-# name -> (module in qlint.commands, one-line help shown by ``qlint --help``)
+# name -> (module in qlint.cli, one-line help shown by ``qlint --help``)
 SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "check": ("check", "Trace models and certify every residual block (default)."),
     "explain": ("explain", "Print a rule's documentation, e.g. `qlint explain QL101`."),
@@ -34,9 +34,9 @@ class QlintGroup(click.Group):
             return None
         module_name, _ = SUBCOMMANDS[name]
         try:
-            module = importlib.import_module(f"qlint.commands.{module_name}")
+            module = importlib.import_module(f"qlint.cli.{module_name}")
         except ModuleNotFoundError as exc:
-            if exc.name == f"qlint.commands.{module_name}":
+            if exc.name == f"qlint.cli.{module_name}":
                 return None
             raise
         return module.command

@@ -15,7 +15,7 @@ from typing import Any, Optional
 
 import click
 
-from qlint.commands import fail_cleanly
+from qlint.cli.failures import fail_cleanly
 
 FORMATS = ["full", "concise", "json", "sarif", "github", "markdown"]
 
@@ -85,7 +85,7 @@ def command(
     Without SPEC, checks the `models` listed in [tool.qlint] (pyproject.toml).
     """
     with fail_cleanly(show_traceback):
-        from qlint.baseline import BaselineError
+        from qlint.ci.baseline import BaselineError
 
         try:
             config = _configure(
@@ -97,15 +97,15 @@ def command(
             )  # fmt: skip
             report = _analyse(config, remedies=show_remedies)
             if write_baseline is not None:
-                from qlint.baseline import write_baseline as write
+                from qlint.ci.baseline import write_baseline as write
 
                 count = write(report, write_baseline)
                 click.echo(f"qlint: wrote {count} finding(s) to {write_baseline}", err=True)
             elif config.baseline is not None:
-                from qlint.baseline import filter_new
+                from qlint.ci.baseline import filter_new
 
                 report = filter_new(report, config.baseline)
-            from qlint.formats import write_output
+            from qlint.ci.formats import write_output
 
             _write(report, config.output_format, output_file, statistics, show_derivation, write_output)
         except BaselineError as exc:
@@ -120,14 +120,13 @@ def command(
 
 
 def _configure(specs: tuple[str, ...], config_args: tuple[str, ...], isolated: bool, **flags: Any) -> Any:
-    from qlint.config import load_config
+    from qlint.api import configure
 
     files = [a for a in config_args if not _is_inline(a)]
     inline = [a for a in config_args if _is_inline(a)]
     if len(files) > 1:
         raise click.UsageError("--config PATH may be given once (inline KEY = VALUE overrides may repeat)")
-    config = load_config(Path.cwd(), config_path=files[0] if files else None, isolated=isolated, overrides=inline)
-    config = config.merge_cli(models=list(specs) or None, **flags)
+    config = configure(list(specs) or None, config=files[0] if files else None, isolated=isolated, overrides=inline, **flags)
     if not config.models:
         raise click.UsageError(
             "give at least one SPEC, e.g. `qlint fixtures/mamba.py:native`, "
@@ -142,65 +141,9 @@ def _is_inline(arg: str) -> bool:
 
 
 def _analyse(config: Any, *, remedies: bool = False) -> Any:
-    from qlint.analysis import run
-    from qlint.report import Report
-    from qlint.suppress import apply_suppressions
+    from qlint.api import analyse_configured
 
-    models = []
-    for spec in config.models:
-        loaded, options = prepare(config, spec, remedies=remedies)
-        analysis = run(loaded.model, loaded.inputs, spec=spec, options=options)
-        models.append(apply_suppressions(analysis.report, config))
-    return Report(models)
-
-
-def prepare(config: Any, spec: str, *, remedies: bool = False) -> tuple[Any, Any]:
-    """Load ``spec`` with its settings from the config and its declared primitives."""
-    from qlint.analysis import Options, load_model
-
-    settings = config.options_for(spec)
-    options = Options(
-        mode=settings.mode,
-        tracer=settings.tracer,
-        device=settings.device,
-        threshold=settings.threshold,
-        input_shapes=[",".join(str(d) for d in shape) for shape in settings.input_shapes or ()],
-        input_dtype=settings.input_dtype or "float32",
-        remedies=remedies,
-    )
-    loaded = load_model(spec, options)
-    _declare_primitives(loaded.model, config.primitives)
-    return loaded, options
-
-
-def _declare_primitives(model: Any, declared: dict[str, tuple[float, str]]) -> None:
-    """Register the ``[tool.qlint.primitives]`` classes that occur in ``model``.
-
-    A key ``"pkg.mod.Class"`` names a class by module and qualified name; for a model
-    loaded from a file (``path/mod.py:build``) ``"mod.Class"`` names a class defined
-    in that file.
-    """
-    if not declared:
-        return
-    from qlint.rules.primitives import USER_DECLARED, register
-
-    for cls in {type(m) for m in model.modules()}:
-        if cls in USER_DECLARED:
-            continue
-        for name in _class_names(cls):
-            if name in declared:
-                q, why = declared[name]
-                register(cls, q=q, why=why)
-                break
-
-
-def _class_names(cls: type) -> list[str]:
-    module, qualname = cls.__module__, cls.__qualname__
-    names = [f"{module}.{qualname}"]
-    if module.startswith("qlint_user_"):  # the loader's name for a file: qlint_user_<stem>_<hash>
-        stem = module[len("qlint_user_") :].rpartition("_")[0]
-        names.append(f"{stem}.{qualname}")
-    return names
+    return analyse_configured(config, remedies=remedies)
 
 
 def _write(report: Any, fmt: str, output_file: Optional[str], statistics: bool, show_derivation: bool, write_output: Any) -> None:

@@ -16,7 +16,7 @@ from typing import Any, Optional
 
 import click
 
-from qlint.commands import fail_cleanly
+from qlint.cli.failures import fail_cleanly
 
 STATUS_STYLE = {"known": "green", "declared": "cyan", "unknown": "yellow"}
 
@@ -48,7 +48,7 @@ def command(
     block and depends on X_k); unknown ops that no block depends on are listed only.
     """
     with fail_cleanly(show_traceback):
-        from qlint.config import load_config
+        from qlint.ci.config import load_config
 
         config = load_config(Path.cwd(), isolated=isolated).merge_cli(
             models=list(specs), mode=mode, tracer=tracer, device=device, input_dtype=input_dtype,
@@ -64,7 +64,7 @@ def command(
 
 def _coverage(spec: str, config: Any) -> Any:
     from qlint.analysis import run
-    from qlint.commands.check import prepare
+    from qlint.api import prepare
     from qlint.coverage import model_coverage
 
     loaded, options = prepare(config, spec)

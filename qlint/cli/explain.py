@@ -15,9 +15,9 @@ def command(code: str | None, show_all: bool) -> None:
     from rich.console import Console
     from rich.markdown import Markdown
 
-    from qlint.rules.checks import load_all
+    from qlint.lint import rules as all_rules
 
-    rules = load_all()
+    rules = all_rules()
     if show_all:
         codes = sorted(rules)
     elif code:

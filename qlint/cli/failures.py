@@ -17,11 +17,11 @@ def fail_cleanly(show_traceback: bool = False) -> Iterator[None]:
     an internal error, also reported in one line unless ``--traceback`` asks for it.
     """
     from qlint.loader import LoadError
-    from qlint.trace import TraceFailure
+    from qlint.core.trace import TraceFailure
 
     expected: tuple[type[BaseException], ...] = (LoadError, TraceFailure)
     try:
-        from qlint.config import ConfigError
+        from qlint.ci.config import ConfigError
 
         expected += (ConfigError,)
     except ImportError:

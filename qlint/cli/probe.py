@@ -13,7 +13,7 @@ from typing import Callable, Iterator, Optional
 
 import click
 
-from qlint.commands import fail_cleanly
+from qlint.cli.failures import fail_cleanly
 
 
 @click.command("probe")
@@ -55,7 +55,7 @@ def command(
         import torch
 
         from qlint.analysis import Options
-        from qlint.probe import ProbeError, ProbeSettings, probe
+        from qlint.probe.measure import ProbeError, ProbeSettings, probe
 
         if not specs:
             raise click.UsageError("give at least one SPEC, e.g. `qlint probe fixtures/mamba.py:native`")
@@ -64,7 +64,7 @@ def command(
         options = Options(mode=mode, tracer=tracer, device=device, input_shapes=input_shapes, input_dtype=input_dtype)
         settings = ProbeSettings(seed=seed, random_directions=directions, tolerance=tolerance, power_iterations=iterations)
         if loop:
-            from qlint.loop_probe import main as probe_loops
+            from qlint.probe.loops import main as probe_loops
 
             probe_loops(specs, options, seed, output_format)
         try:
@@ -74,11 +74,11 @@ def command(
             click.echo(f"qlint: error: {exc}", err=True)
             sys.exit(2)
     if output_format == "json":
-        from qlint.probe import as_report
+        from qlint.probe.measure import as_report
 
         click.echo(json.dumps(as_report(results).to_dict(), indent=2))
     else:
-        from qlint.probe_render import print_probe
+        from qlint.probe.render import print_probe
 
         print_probe(results)
     sys.exit(1 if any(result.violations for result in results) else 0)

@@ -11,12 +11,18 @@ import click
 @click.option("--json", "as_json", is_flag=True, help="Print the catalogue as JSON.")
 @click.option("--table1", is_flag=True, help="Only the rows of the paper's Table 1.")
 def command(as_json: bool, table1: bool) -> None:
-    """Print every primitive qlint knows: its exponent q, coefficient and why it holds."""
-    from qlint.rules.primitives import load
+    """Print every primitive qlint knows: its exponent q, coefficient and why it holds.
 
-    primitives = [p for p in load().primitives if p.table1 or not table1]
+    Read from rules/primitives/*.toml without importing torch.
+    """
+    from qlint.registry import entries
+
+    primitives = [p for p in entries() if p.get("table1") or not table1]
     if as_json:
-        rows = [{"primitive": p.name, "q": p.q, "coefficient": p.coefficient, "table1": p.table1, "why": p.why, "targets": list(p.targets)} for p in primitives]
+        rows = [{"id": p["id"], "primitive": p["name"], "q": str(p["q"]), "coefficient": p.get("coefficient", ""),
+                 "table1": bool(p.get("table1")), "why": " ".join(p["why"].split()), "ops": list(p.get("ops", [])),
+                 "targets": list(p.get("targets", [])) + [f"module:{m}" for m in p.get("modules", [])], "source": p["source"]}
+                for p in primitives]
         click.echo(json.dumps(rows, indent=2))
         return
     from rich.console import Console
@@ -28,5 +34,5 @@ def command(as_json: bool, table1: bool) -> None:
     table.add_column("coefficient c")
     table.add_column("justification")
     for p in primitives:
-        table.add_row(("★ " if p.table1 else "") + p.name, p.q, p.coefficient, p.why)
+        table.add_row(("★ " if p.get("table1") else "") + p["name"], str(p["q"]), p.get("coefficient", ""), " ".join(p["why"].split()))
     Console().print(table)

@@ -91,6 +91,7 @@ class Transition:
     name: str = ""
     after: list[Block] = field(default_factory=list)
     before: Optional[Block] = None
+    kind: str = "between"  # "between" blocks; "stem": from the model's input; "head": to its output
 
 
 @dataclass
@@ -302,6 +303,10 @@ def _as_block(join: fx.Node, graph: GraphFacts) -> Optional[Block]:
         return _gated(join, terms, graph)
     _, _, skip, stream = best
     velocity = [t for t in terms if t is not skip]
+    if facts(join).op in ("add", "sub", "rsub") and join_shape is not None:
+        shapes = [shape_of(t.node) for t in velocity if t.node in graph.data]
+        if shapes and all(s is not None and s != join_shape for s in shapes):
+            return None  # x - mean(x): every term is broadcast, a centring, not a residual branch
     repeated = any(carried(t.node) is stream for t in velocity)
     exact = facts(join).op in _EXACT and skip.coefficient == 1.0 and not repeated and all(
         facts(node).op in _EXACT or facts(node).op in ("neg", "mul", "div") for node, _ in skip.path)
@@ -309,22 +314,24 @@ def _as_block(join: fx.Node, graph: GraphFacts) -> Optional[Block]:
 
 
 def _gated(join: fx.Node, terms: list[Term], graph: GraphFacts) -> Optional[Block]:
-    """A join whose skip is not a plain (scaled) copy, such as a gated skip g(x) * x + f(x):
-    every term is computed from one value X_k of the join's shape, so the join is a stream
-    map F(X_k), analysed in the scaled form (q <= max(1, q(F)))."""
+    """A gated skip g(x) * x + f(x) (highway networks): a term that is a product with X_k as
+    a direct factor, every other term computed from X_k. The join is a stream map F(X_k),
+    analysed in the scaled form (q <= max(1, q(F)))."""
     shape = shape_of(join)
-    if shape is None:
-        return None
-    common = None
     for term in terms:
-        ancestors = graph.ancestor_set(term.node)
-        common = ancestors if common is None else common & ancestors
-    candidates = [n for n in (common or ()) if shape_of(n) == shape]
-    if not candidates:
-        return None
-    stream = max(candidates, key=graph.order.__getitem__)
-    skip = Term(stream, None, ())
-    return Block(join=join, stream=stream, skip=skip, terms=list(terms), form="scaled")
+        if facts(term.node).op != "mul":
+            continue
+        for name in ("input", "other"):
+            factor = _arg(term.node, name)
+            if not isinstance(factor, fx.Node):
+                continue
+            stream = carried(factor)
+            if stream not in graph.data or (shape is not None and shape_of(stream) not in (None, shape)):
+                continue
+            others = [t for t in terms if t is not term]
+            if others and all(graph.depends_on(t.node, stream) for t in others):
+                return Block(join=join, stream=stream, skip=Term(stream, None, ()), terms=list(terms), form="scaled")
+    return None
 
 
 def _is_nested(block: Block, by_join: dict[fx.Node, Block], graph: GraphFacts) -> bool:
@@ -374,6 +381,7 @@ def _chain(blocks: list[Block], graph: GraphFacts) -> list[Transition]:
         target_bits = bits.get(block.stream, 0) | (1 << index[block.stream])
         region = [n for n in graph.nodes if n in bits and n not in sources and (target_bits >> index[n]) & 1 and bits[n] & mask]
         transitions.append(Transition(sources=sources, target=block.stream, region=region, after=direct, before=block))
+    transitions += _ends(blocks, graph, bits, index, before)
     position = {id(b): i for i, b in enumerate(blocks)}
     chains: dict[int, set[int]] = {}
     for j, block in enumerate(blocks):
@@ -388,10 +396,49 @@ def _chain(blocks: list[Block], graph: GraphFacts) -> list[Transition]:
         block.older = [u for u in block.side if any(graph.depends_on(u, s) for s in streams)]
     for transition in transitions:
         transition.side = graph.side_inputs(transition.region, transition.sources)
-        j = position[id(transition.before)]
-        streams = [blocks[i].stream for i in chains[j]]
+        if transition.kind == "head":
+            j = position[id(transition.after[0])]
+            streams = [blocks[j].stream] + [blocks[i].stream for i in chains[j]]
+        elif transition.kind == "stem":
+            streams = []
+        else:
+            streams = [blocks[i].stream for i in chains[position[id(transition.before)]]]
         transition.older = [u for u in transition.side if any(graph.depends_on(u, s) for s in streams)]
-    return transitions
+    return sorted(transitions, key=lambda t: graph.order[t.target])
+
+
+def _ends(blocks: list[Block], graph: GraphFacts, bits: dict, index: dict, before) -> list[Transition]:
+    """The stream before the first block and after the last one, when the model's input or
+    output has the stream's own shape: then the whole model is a stream map, and a stem op
+    (x -> x**2 -> blocks) or a head op (blocks -> ... -> x**2) is part of it. Embeddings,
+    projections to another width and classifier heads change the shape and are not."""
+    from qlint.core.graph import dtype_of
+
+    def region(sources: list[fx.Node], target: fx.Node) -> list[fx.Node]:
+        mask = 0
+        for s in sources:
+            mask |= 1 << index[s]
+        target_bits = bits.get(target, 0) | (1 << index[target])
+        return [n for n in graph.nodes if n in bits and n not in sources and (target_bits >> index[n]) & 1 and bits[n] & mask]
+
+    out: list[Transition] = []
+    for block in blocks:
+        shape = shape_of(block.stream)
+        if block.predecessors or block.stream in graph.inputs or shape is None or block.stream not in bits:
+            continue
+        sources = [p for p in graph.inputs if shape_of(p) == shape and (dtype_of(p) is None or dtype_of(p).is_floating_point)
+                   and before(p, block.stream)]
+        if sources:
+            out.append(Transition(sources=sources, target=block.stream, region=region(sources, block.stream), kind="stem", before=block))
+    followed = {id(p) for b in blocks for p in b.predecessors}
+    for block in blocks:
+        shape = shape_of(block.join)
+        if id(block) in followed or shape is None:
+            continue
+        for sink in graph.sinks:
+            if sink is not block.join and shape_of(sink) == shape and before(block.join, sink):
+                out.append(Transition(sources=[block.join], target=sink, region=region([block.join], sink), kind="head", after=[block]))
+    return out
 
 
 def _post(block: Block, graph: GraphFacts) -> tuple[Post, Optional[fx.Node]]:
@@ -464,8 +511,8 @@ def _branch_child(block: Block, base: str) -> str:
 def _transition_name(transition: Transition) -> str:
     paths = [module_path(n) for n in transition.region if module_path(n)]
     where = paths[0] if paths else ""
-    before = transition.before.name if transition.before else "?"
-    after = ", ".join(b.name for b in transition.after)
+    before = transition.before.name if transition.before else "output"
+    after = ", ".join(b.name for b in transition.after) or "input"
     return f"{after} -> {before}" + (f" ({where})" if where else "")
 
 

@@ -66,7 +66,7 @@ def analyse(model: torch.nn.Module, inputs: Optional[tuple], traced: TracedGraph
             threshold: float = 1.0, assume_real: bool = True) -> Analysis:
     """The engine's pass over one traced model (block-independent facts are computed once)."""
     module = traced.module
-    annotate(module, registry)
+    annotate(module, registry, model)
     relations.find(module.graph)
     graph = GraphFacts(module, traced.data_inputs)
     prop = GrowthProp(module, graph, training=model.training, assume_real=assume_real)
@@ -169,7 +169,8 @@ def _transition_result(index: int, transition: StreamTransition, env: dict, grap
     value = leading(env.get(transition.target, CONSTANT))
     sources = transition.sources
     derivation = derive(transition.target, sources[0], env, graph, None, sources=set(sources))
-    extra: dict[str, Any] = {"from": [b.name for b in transition.after], "to": transition.before.name if transition.before else None}
+    extra: dict[str, Any] = {"kind": transition.kind, "from": [b.name for b in transition.after] or ["input"],
+                             "to": transition.before.name if transition.before else "output"}
     if value.culprit and not value.known:
         extra["culprit"] = value.culprit
     if transition.older:
@@ -258,7 +259,7 @@ def primitive_name(node: fx.Node) -> str:
     if isinstance(info.relation, relations.Normalisation):
         return info.relation.description
     if info.declared is not None:
-        return info.declared.name or info.label
+        return info.declared.name or info.declared_class or info.label
     if info.primitive is not None:
         return info.primitive.name
     return info.label

@@ -33,6 +33,7 @@ class NodeFacts:
     primitive: Any = None  # the registry entry, None for an op outside the registry
     module: Any = None  # the nn.Module of a call_module node
     declared: Any = None  # a user declaration (a leaf module, or the region of one under export)
+    declared_class: str = ""  # the declared class's name
     region_inputs: tuple = ()  # the nodes outside a declared region that feed it
     bound: Optional[Bound] = None
     value_inputs: tuple = ()  # nodes whose values flow into this one (not shape-only uses)
@@ -57,9 +58,14 @@ def facts(node: fx.Node) -> NodeFacts:
     return node.meta["qlint"]
 
 
-def annotate(module: fx.GraphModule, registry: Any) -> None:
-    """Write NodeFacts into every node's meta (block-independent, once per trace)."""
-    regions = _declared_regions(module.graph, registry)
+def annotate(module: fx.GraphModule, registry: Any, model: Optional[torch.nn.Module] = None) -> None:
+    """Write NodeFacts into every node's meta (block-independent, once per trace).
+
+    ``model`` names the classes torch.export records by qualified name in
+    ``nn_module_stack`` (so declared classes are found under export too).
+    """
+    classes = {f"{type(m).__module__}.{type(m).__qualname__}": type(m) for m in (model or module).modules()}
+    regions = _declared_regions(module.graph, registry, classes)
     for node in module.graph.nodes:
         node.meta["qlint"] = _node_facts(node, module, registry, regions)
 
@@ -70,13 +76,14 @@ def _node_facts(node: fx.Node, module: fx.GraphModule, registry: Any, regions: d
     submodule = module.get_submodule(node.target) if node.op == "call_module" else None
     label = describe(node, submodule)
     if node in regions:
-        declared, inputs = regions[node]
-        return NodeFacts(label=label, declared=declared, region_inputs=inputs, value_inputs=tuple(node.all_input_nodes))
+        declared, inputs, name = regions[node]
+        return NodeFacts(label=label, declared=declared, declared_class=name, region_inputs=inputs,
+                         value_inputs=tuple(node.all_input_nodes))
     if submodule is not None:
         declaration = registry.declaration(type(submodule))
         if declaration is not None:
-            return NodeFacts(label=label, module=submodule, declared=declaration, value_inputs=tuple(node.all_input_nodes),
-                             bound=bind(node, submodule))
+            return NodeFacts(label=label, module=submodule, declared=declaration, declared_class=type(submodule).__name__,
+                             value_inputs=tuple(node.all_input_nodes), bound=bind(node, submodule))
         primitive = registry.lookup("call_module", type(submodule))
     else:
         primitive = registry.lookup(node.op, node.target)
@@ -95,40 +102,33 @@ def _node_facts(node: fx.Node, module: fx.GraphModule, registry: Any, regions: d
                      meta_output=meta_output)
 
 
-def _declared_regions(graph: fx.Graph, registry: Any) -> dict[fx.Node, tuple[Any, tuple]]:
+def _declared_regions(graph: fx.Graph, registry: Any, classes: dict[str, type]) -> dict[fx.Node, tuple[Any, tuple, str]]:
     """Opaque-leaf semantics where module boundaries vanish (torch.export inlines modules).
 
     The ops whose ``nn_module_stack`` holds a call of a declared class form its region;
     each gets the declared transfer of the region's external inputs.
     """
     members: dict[str, list[fx.Node]] = {}
-    declarations: dict[str, Any] = {}
+    declarations: dict[str, tuple[Any, str]] = {}
     for node in graph.nodes:
         if node.op not in ("call_function", "call_method"):
             continue
         for key, (_, cls) in (node.meta.get("nn_module_stack") or {}).items():
-            declaration = _declaration_of(cls, registry)
+            cls = classes.get(cls, cls) if isinstance(cls, str) else cls
+            declaration = registry.declaration(cls) if isinstance(cls, type) else None
             if declaration is not None:  # the outermost declared call contains this op
                 members.setdefault(key, []).append(node)
-                declarations[key] = declaration
+                name = cls.__name__ if isinstance(cls, type) else str(cls).rsplit(".", 1)[-1]
+                declarations[key] = (declaration, name)
                 break
-    regions: dict[fx.Node, tuple[Any, tuple]] = {}
+    regions: dict[fx.Node, tuple[Any, tuple, str]] = {}
     for key, nodes in members.items():
         inside = set(nodes)
         inputs = tuple(dict.fromkeys(p for n in nodes for p in n.all_input_nodes if p not in inside))
+        declaration, name = declarations[key]
         for node in nodes:
-            regions[node] = (declarations[key], inputs)
+            regions[node] = (declaration, inputs, name)
     return regions
-
-
-def _declaration_of(cls: Any, registry: Any) -> Any:
-    if isinstance(cls, type):
-        return registry.declaration(cls)
-    if isinstance(cls, str):  # some torch versions record the class by name
-        for declared_cls, declaration in registry.declared.items():
-            if f"{declared_cls.__module__}.{declared_cls.__qualname__}" == cls:
-                return declaration
-    return None
 
 
 class GraphFacts:

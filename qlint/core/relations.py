@@ -385,7 +385,7 @@ def _proves(numerator: Any, den: Optional[_Denominator]) -> Optional[str]:
         return "x * rsqrt(mean(x^2) + eps) (RMSNorm written out)" if den.inverse else "x / sqrt(mean(x^2) + eps) (RMSNorm written out)"
     if stat.kind == "ss":
         return "x / sqrt(sum(x^2) + eps) (L2 normalization written out)"
-    return "x / max(||x||_p, eps) (L2 / Scale normalization written out)"
+    return "x / (||x||_p + eps) (L2 normalization written out)"
 
 
 def _bound(den: _Denominator) -> Optional[float]:

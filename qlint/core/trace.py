@@ -244,6 +244,8 @@ def _make_fx(model: torch.nn.Module, inputs: tuple) -> fx.GraphModule:
     def call(state: dict, *args: Any) -> Any:
         return torch.func.functional_call(model, state, args)
 
+    call._orig_mod = model  # make_fx records nn_module_stack only for a function that names its module
+
     with tensor_outputs(model):
         gm = make_fx(call, tracing_mode="fake", record_module_stack=True)(named, *inputs)
     placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
@@ -260,6 +262,7 @@ def _make_fx(model: torch.nn.Module, inputs: tuple) -> fx.GraphModule:
         replacement.meta.update(node.meta)
         node.replace_all_uses_with(replacement)
         gm.graph.erase_node(node)
+    gm.graph._codegen = fx.graph.CodeGen()  # the remaining placeholders are the inputs, positionally
     gm.recompile()
     return gm
 
@@ -267,8 +270,21 @@ def _make_fx(model: torch.nn.Module, inputs: tuple) -> fx.GraphModule:
 # --- the chain ------------------------------------------------------------------------------------
 
 
-def capture(model: torch.nn.Module, inputs: Optional[tuple], registry: Any, *, prefer: Optional[str] = None) -> TracedGraph:
-    """The first faithful graph: ``prefer`` first; a preferred tracer that fails is reported."""
+class _NoLeaves:
+    """Without a registry, symbolic_trace traces through every module."""
+
+    @staticmethod
+    def is_leaf(cls: type) -> bool:
+        return False
+
+
+def capture(model: torch.nn.Module, inputs: Optional[tuple], registry: Any = None, *, prefer: Optional[str] = None) -> TracedGraph:
+    """The first faithful graph: ``prefer`` first; a preferred tracer that fails is reported.
+
+    ``registry`` decides which nn modules symbolic_trace keeps as leaves (its module rules
+    and user declarations); without one every module is traced through.
+    """
+    registry = registry if registry is not None else _NoLeaves()
     order = list(TRACERS)
     if prefer:
         if prefer not in TRACERS:

@@ -24,8 +24,8 @@ import torch.fx as fx
 import torch.nn.functional as F
 from torch.utils import _pytree as pytree
 
-from qlint.rules.primitives.handwritten_norms import op_name
-from qlint.trace import module_path
+from qlint.core.ops import op_name
+from qlint.core.graph import module_path
 
 GROWTH_BAND = (0.5, 2.0)  # one block multiplying an RMS by more (or less) is flagged
 
@@ -136,7 +136,7 @@ def diagnose(analysis: Any, seed: int) -> InitDiagnostics:
 
 def _stack(analysis: Any, seed: int) -> list[StackLayer]:
     """One forward and backward pass with unit-variance inputs and cotangents."""
-    blocks = analysis.residual_blocks
+    blocks = analysis.stream.blocks
     if not blocks:
         return []
     generator = torch.Generator().manual_seed(seed)
@@ -149,7 +149,7 @@ def _stack(analysis: Any, seed: int) -> list[StackLayer]:
     interpreter = fx.Interpreter(analysis.traced.module, garbage_collect_values=False)
     with torch.enable_grad():
         output = interpreter.run(*inputs)
-        watched = {node: interpreter.env[node] for rb in blocks for node in (rb.stream, rb.root)}
+        watched = {node: interpreter.env[node] for rb in blocks for node in (rb.stream, rb.join)}
         for value in watched.values():
             if value.requires_grad and not value.is_leaf:
                 value.retain_grad()
@@ -162,7 +162,7 @@ def _stack(analysis: Any, seed: int) -> list[StackLayer]:
         grad = watched[node].grad
         return rms(grad) if grad is not None else None
 
-    return [StackLayer(rb.name, rms(watched[rb.stream]), rms(watched[rb.root]), grad_rms(rb.stream), grad_rms(rb.root)) for rb in blocks]
+    return [StackLayer(rb.name, rms(watched[rb.stream]), rms(watched[rb.join]), grad_rms(rb.stream), grad_rms(rb.join)) for rb in blocks]
 
 
 def _flags(stack: list[StackLayer]) -> list[str]:
@@ -254,12 +254,12 @@ def _gain(name: str, module: torch.nn.Module, node: Optional[fx.Node]) -> LayerG
 def _branches(analysis: Any, layers: dict[str, fx.Node]) -> list[BranchScale]:
     """The output projection of each residual branch: the last weight layer before its terms."""
     by_node = {node: path for path, node in layers.items()}
-    projections = {rb.name: _output_projection(rb, by_node) for rb in analysis.residual_blocks}
+    projections = {rb.name: _output_projection(rb, by_node) for rb in analysis.stream.blocks}
     modules = dict(analysis.model.named_modules())
     scale = {path: _fan_in_std(modules[path]) for path in layers}
     others = [s for path, s in scale.items() if path not in projections.values()]
     reference = statistics.median(others) if others else None
-    expected = 1.0 / math.sqrt(len(analysis.residual_blocks)) if analysis.residual_blocks else 1.0
+    expected = 1.0 / math.sqrt(len(analysis.stream.blocks)) if analysis.stream.blocks else 1.0
     return [
         BranchScale(block, path, scale[path] / reference if reference else None, expected)
         for block, path in projections.items()
@@ -268,11 +268,12 @@ def _branches(analysis: Any, layers: dict[str, fx.Node]) -> list[BranchScale]:
 
 
 def _output_projection(block: Any, by_node: dict[fx.Node, str]) -> Optional[str]:
-    stack, seen = list(block.terms), set()
+    stack, seen = [t.node for t in block.terms], set()
+    region = block.region_set
     found: list[fx.Node] = []
     while stack:
         node = stack.pop()
-        if node in seen or node not in block.cone_set:
+        if node in seen or node not in region:
             continue
         seen.add(node)
         if node in by_node:
@@ -281,7 +282,7 @@ def _output_projection(block: Any, by_node: dict[fx.Node, str]) -> Optional[str]
         stack.extend(node.all_input_nodes)
     if not found:
         return None
-    order = {node: i for i, node in enumerate(block.cone)}
+    order = {node: i for i, node in enumerate(block.region)}
     return by_node[max(found, key=order.__getitem__)]
 
 

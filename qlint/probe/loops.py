@@ -23,7 +23,6 @@ not settle (bounded orbit or divergence) as QL305.
 
 from __future__ import annotations
 
-import collections
 import math
 from dataclasses import dataclass, field
 from typing import Any, Iterable, Optional
@@ -31,12 +30,14 @@ from typing import Any, Iterable, Optional
 import torch
 import torch.fx as fx
 
-from qlint.analysis import Analysis, Options, load_model, source_of
-from qlint.probe import ProbeError, Trajectory, jvp_power_iteration, operator_norm, stable_norm, trace_float64
-from qlint.report import Finding
-from qlint.rules.checks.looped import Loop, cone, find_loops
-from qlint.rules.checks.placement import is_normalizer
-from qlint.trace import module_path
+from qlint.analysis import Options, load_model
+from qlint.core.engine import Analysis, source_of
+from qlint.core.graph import module_path, run_cone
+from qlint.core.results import Finding
+from qlint.lint import rule
+from qlint.lint.graph_queries import argument, is_normalizer, normalised_input
+from qlint.lint.looped import Loop, cone, find_loops
+from qlint.probe.measure import ProbeError, Trajectory, jvp_power_iteration, operator_norm, stable_norm, trace_float64
 
 
 @dataclass(frozen=True)
@@ -69,11 +70,7 @@ class LoopMap:
 
     def values(self, h: torch.Tensor) -> dict[fx.Node, Any]:
         """Every cone node's value at state h."""
-        local: dict[fx.Node, Any] = {self.step.state: h}
-        self.interpreter.env = collections.ChainMap(local, self.trajectory.values)
-        for node in self.nodes:
-            local[node] = self.interpreter.run_node(node)
-        return local
+        return run_cone(self.interpreter, {self.step.state: h}, self.nodes, self.trajectory.values)
 
     def __call__(self, h: torch.Tensor) -> torch.Tensor:
         return self.values(h)[self.step.root]
@@ -178,13 +175,13 @@ def min_token_spread(loop_map: LoopMap, h: torch.Tensor, analysis: Analysis) -> 
 
     Without a normalization in the step, that of the state itself.
     """
-    normalizer = next((node for node in loop_map.nodes if is_normalizer(node, analysis)), None)
+    normalizer = next((node for node in loop_map.nodes if is_normalizer(node)), None)
     with torch.no_grad():
         if normalizer is None:
             value, where = h, "the loop state"
         else:
-            handwritten = analysis.interpreter.normalizations.get(normalizer)
-            source = handwritten[1] if handwritten else normalizer.args[0]
+            relation = getattr(normalizer.meta["qlint"].relation, "numerator", None)
+            source = relation if relation is not None else argument(normalizer, "input")
             values = loop_map.values(h)
             value = values.get(source, loop_map.trajectory.values.get(source))
             where = f"input of `{module_path(normalizer) or normalizer.name}`"
@@ -226,23 +223,12 @@ def _findings(result: LoopProbe, loop: Loop, settings: LoopSettings) -> Iterable
             "diverging": "diverges",
             "growing": f"keeps growing (relative residual {last:.2g})",
         }.get(result.orbit, f"stays on a bounded orbit (relative residual {last:.2g})")
-        yield Finding(
-            "QL305",
-            "warning",
-            f"{where} does not settle after {len(result.residuals)} iterations: it {detail}",
-            result.path,
-            source,
-        )
+        yield rule("QL305").finding(result.path, source, message=f"{where} does not settle after {len(result.residuals)} iterations: it {detail}")
     elif result.margin is not None and result.margin < settings.thin_margin:
         pending = "" if result.orbit == "settled" else f", still converging after {len(result.residuals)} iterations"
-        yield Finding(
-            "QL304",
-            "warning",
+        yield rule("QL304").finding(result.path, source, message=(
             f"{where}: spectral margin 1 - rho_spec = {result.margin:.3g} < {settings.thin_margin:g} at the fixed point "
-            f"(rho_spec = {result.rho_spec:.4g}, ||J_G||_2 = {result.operator_norm:.4g}{pending})",
-            result.path,
-            source,
-        )
+            f"(rho_spec = {result.rho_spec:.4g}, ||J_G||_2 = {result.operator_norm:.4g}{pending})"))
 
 
 def probe_loops(

@@ -10,8 +10,8 @@ in the sampled directions.
 
 From the same samples the probe estimates each block's constants c_k, b_k and, by
 power iteration on Jacobian-vector products, the operator norm L_k of the velocity
-Jacobian on the example trajectory; :mod:`qlint.probe_bounds` turns them into the
-paper's forward and backward bounds and overflow depths, :mod:`qlint.probe_init`
+Jacobian on the example trajectory; :mod:`qlint.probe.bounds` turns them into the
+paper's forward and backward bounds and overflow depths, :mod:`qlint.probe.init`
 adds the initialization diagnostics.
 """
 
@@ -28,10 +28,13 @@ from typing import Any, Callable, Iterable, Optional
 import torch
 import torch.fx as fx
 
-from qlint import probe_bounds, probe_init
-from qlint.analysis import Analysis, Options, load_model, run
-from qlint.blocks import ResidualBlock
-from qlint.report import ModelReport, Report
+from qlint.analysis import Options, load_model, run
+from qlint.core.blocks import Block as ResidualBlock
+from qlint.core.engine import Analysis
+from qlint.core.graph import run_cone
+from qlint.core.results import ModelReport, Report
+from qlint.probe import bounds as probe_bounds
+from qlint.probe import init as probe_init
 
 TOLERANCE = 0.05  # absolute, on exponents: |measured - static| within it counts as equal
 
@@ -104,11 +107,12 @@ class Trajectory:
 
 
 class VelocityField:
-    """v(X) = sum of the block's velocity terms with X_k := X, all else as recorded.
+    """v(X) = F(X) - X: the block's join re-run with X_k := X, all else as recorded.
 
-    Only the block's cone is re-run; every other node (embeddings, token ids, the
-    values of earlier blocks) keeps its recorded value, so v is a function of X_k
-    alone, the paper's definition.
+    Only the block's region is re-run; every other node (embeddings, token ids, the
+    values the block reads from elsewhere) keeps its recorded value, so v is a function
+    of X_k alone, the paper's definition (for X + v(X) this is exactly v; for a scaled
+    join it is the velocity F - id the static analysis bounds).
     """
 
     def __init__(self, trajectory: Trajectory, block: ResidualBlock) -> None:
@@ -125,14 +129,10 @@ class VelocityField:
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         """v(x); random ops (dropout in train mode) draw the same numbers at every call."""
         self.evaluations += 1
-        local: dict[fx.Node, Any] = {self.block.stream: x}
-        self.interpreter.env = collections.ChainMap(local, self.trajectory.values)  # type: ignore[assignment]
         with torch.random.fork_rng(devices=[x.device] if x.device.type == "cuda" else []):
             torch.manual_seed(0)
-            for node in self.block.cone:
-                local[node] = self.interpreter.run_node(node)
-        terms = [local.get(term, self.trajectory.values.get(term)) for term in self.block.terms]
-        return sum(terms[1:], terms[0])
+            local = run_cone(self.interpreter, {self.block.stream: x}, self.block.region, self.trajectory.values)
+        return local[self.block.join] - x
 
 
 # --- power iteration on Jacobian-vector products --------------------------------------
@@ -436,7 +436,7 @@ def measure_model(model: torch.nn.Module, inputs: tuple, settings: ProbeSettings
     analysis, trajectory = trace_float64(model, inputs, spec=type(model).__name__, options=Options())
     return [
         measure_block(trajectory, residual, block.q, settings, settings.seed + index)
-        for index, (residual, block) in enumerate(zip(analysis.residual_blocks, analysis.report.blocks))
+        for index, (residual, block) in enumerate(zip(analysis.stream.blocks, analysis.report.blocks))
     ]
 
 
@@ -456,11 +456,11 @@ def probe_model(
     start = time.perf_counter()
     analysis, trajectory = trace_float64(model, inputs, spec=spec, options=options or Options())
     blocks = []
-    for index, (residual, block) in enumerate(zip(analysis.residual_blocks, analysis.report.blocks)):
+    for index, (residual, block) in enumerate(zip(analysis.stream.blocks, analysis.report.blocks)):
         probe = probe_block(trajectory, residual, block.q, settings, settings.seed + index)
         block.extra.update(probe.to_extra())
         blocks.append(probe)
-        on_block(index + 1, len(analysis.residual_blocks), block.name)
+        on_block(index + 1, len(analysis.stream.blocks), block.name)
     bounds = _bounds(analysis, trajectory, blocks)
     init = probe_init.diagnose(analysis, settings.seed)
     result = ModelProbe(analysis.report, blocks, bounds, init, time.perf_counter() - start)
@@ -469,7 +469,7 @@ def probe_model(
 
 
 def _bounds(analysis: Analysis, trajectory: Trajectory, blocks: list[BlockProbe]) -> probe_bounds.StackBounds:
-    x0 = stable_norm(trajectory.values[analysis.residual_blocks[0].stream]) if blocks else 0.0
+    x0 = stable_norm(trajectory.values[analysis.stream.blocks[0].stream]) if blocks else 0.0
     constants = [
         probe_bounds.BlockConstants(block.q_static, block.c, block.b) if block.c is not None and block.b is not None else None
         for block in blocks

@@ -9,10 +9,10 @@ from rich.console import Console, Group
 from rich.table import Table
 from rich.text import Text
 
-from qlint.algebra import format_q
-from qlint.probe import BlockProbe, ModelProbe
-from qlint.probe_bounds import FORMATS, StackBounds
-from qlint.probe_init import InitDiagnostics
+from qlint.core.algebra import format_q
+from qlint.probe.measure import BlockProbe, ModelProbe
+from qlint.probe.bounds import FORMATS, StackBounds
+from qlint.probe.init import InitDiagnostics
 
 AGREEMENT_STYLE = {"exact": "green", "below": "cyan", "VIOLATION": "bold red", "n/a": "yellow"}
 

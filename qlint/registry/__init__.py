@@ -53,10 +53,12 @@ class Primitive:
     aliases: tuple[tuple[str, str], ...] = ()
     targets: tuple[str, ...] = ()
     source: str = ""  # the TOML file that declares it
+    unbounded: bool = False  # registered only to say why no bound exists (rules/primitives/unbounded.toml)
 
     @property
     def plumbing(self) -> bool:
         return "plumbing" in self.family
+
 
     def declared_range(self, input_range: Range) -> Range:
         if self.range == "input":
@@ -167,6 +169,11 @@ class Registry:
         if op == "call_module":
             return self._by_key.get(("module", target))
         return None
+
+    def knows(self, op: str, target: Any) -> bool:
+        """Whether an entry bounds the op (the deliberately unbounded entries do not)."""
+        primitive = self.lookup(op, target)
+        return primitive is not None and not primitive.unbounded
 
     def is_leaf(self, cls: type) -> bool:
         """Whether symbolic_trace keeps an instance of this exact class as one node."""
@@ -305,6 +312,7 @@ def _primitive(table: dict[str, Any], transfers: Any) -> Primitive:
         aliases=tuple(sorted(table.get("aliases", {}).items())),
         targets=tuple(dict.fromkeys(targets + explicit)),
         source=table.get("source", ""),
+        unbounded=name == "unbounded",
     )
     return primitive
 

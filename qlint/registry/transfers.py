@@ -360,7 +360,7 @@ def reciprocal(call: Call, entry: Any) -> Any:
         return unknown(f"{entry.name} of a complex (or unknown-dtype) value")
     if entry.id == "rsqrt":
         if not x.range.floor:
-            return unknown("rsqrt of an input-dependent value that may approach 0 (or be negative)")
+            return unknown("rsqrt (reciprocal square root) of an input-dependent value that may approach 0 (or be negative)")
         r = x.range
         return Growth(0.0, range=Range(lo=0.0, hi=1.0 / math.sqrt(r.lo) if r.lo > 0 else math.inf, pos=True, above=True, below=True))
     inverse = _reciprocal_range(x)
@@ -393,7 +393,7 @@ def power(call: Call, entry: Any) -> Any:
             log_c = math.log(base_raw)
             argument = Growth(exponent.q, depends=exponent.depends, real=exponent.real,
                               range=domain.mul(_range_of(exponent), domain.point(log_c)), culprit=exponent.culprit)
-            return _exp_of(argument, "power with an input-dependent exponent")
+            return _exp_of(argument, "pow of an argument not bounded above")
         if exponent.depends:
             return unknown("power with an input-dependent exponent")
         return unknown("power with an exponent held in a parameter (training sets its value)")

@@ -35,14 +35,16 @@ import torch.fx as fx
 import torch.nn.functional as F
 from torch import nn
 
-from qlint import algebra
-from qlint.algebra import Exponent
-from qlint.analysis import Analysis, Options, run, source_of
-from qlint.blocks import ResidualBlock, is_add
-from qlint.propagate import leading
-from qlint.report import Block, Source
-from qlint.rules.primitives.handwritten_norms import op_name
-from qlint.trace import TracedGraph, module_path
+from qlint.analysis import Options, run
+from qlint.core import algebra
+from qlint.core.algebra import Exponent
+from qlint.core.blocks import Block as ResidualBlock
+from qlint.core.engine import Analysis, dominant_parent, primitive_name, source_of
+from qlint.core.graph import facts, module_path
+from qlint.core.ops import op_name
+from qlint.core.propagate import leading
+from qlint.core.results import Block, Source
+from qlint.core.trace import TracedGraph
 
 KINDS = ("preln", "periln", "norm_primitive", "gate_sigmoid", "lipschitz_activation", "bounded_exp", "linear_growth")
 
@@ -325,7 +327,7 @@ class _Surgery:
         return self.nodes[name]
 
     def insert_norm(self, value: str, users: Sequence[str], meta_from: str, label: str) -> None:
-        """A new norm module on ``value``, read by ``users`` instead of ``value``."""
+        """A new norm on ``value`` (its parameters in a new submodule), read by ``users``."""
         source, readers = self.node(value), [self.node(u) for u in users]
         shape, dtype = _tensor_meta(source) or (None, None)
         if not shape:
@@ -334,8 +336,14 @@ class _Surgery:
         target = self._free_name(f"qlint_{label}")
         self.module.add_submodule(target, norm)
         self.new_params += sum(p.numel() for p in norm.parameters() if p.requires_grad)
+        size = (int(shape[-1]),)
         with self.graph.inserting_before(self._first(readers)):
-            node = self.graph.call_module(target, (source,))
+            weight = self.graph.get_attr(f"{target}.weight")
+            if isinstance(norm, nn.RMSNorm):
+                node = self.graph.call_function(F.rms_norm, (source, size, weight, norm.eps))
+            else:
+                bias = self.graph.get_attr(f"{target}.bias")
+                node = self.graph.call_function(F.layer_norm, (source, size, weight, bias, norm.eps))
         node.meta = _meta_like(self.node(meta_from), source)
         for reader in readers:
             reader.replace_input_with(source, node)
@@ -389,14 +397,13 @@ class _BlockContext:
     """One block of an analysis and the graph facts its remedies need."""
 
     def __init__(self, analysis: Analysis, name: str, base: fx.GraphModule) -> None:
-        matches = [(r, b) for r, b in zip(analysis.residual_blocks, analysis.report.blocks) if b.name == name]
+        matches = [(r, b) for r, b in zip(analysis.stream.blocks, analysis.report.blocks) if b.name == name]
         if not matches:
             raise ValueError(f"unknown block {name!r}")
         self.analysis = analysis
         pair: tuple[ResidualBlock, Block] = matches[0]
         self.residual, self.block = pair
         self.env = analysis.envs[name]
-        self.steps = analysis.interpreter.steps
         self.nodes = {n.name: n for n in analysis.traced.graph.nodes}
         self.submodules = dict(analysis.traced.module.named_modules())
         self.norm = _norm_class(analysis.model).__name__
@@ -413,7 +420,7 @@ class _BlockContext:
     def offending_terms(self) -> list[fx.Node]:
         """Velocity terms above the threshold (all dependent terms of a certified block)."""
         threshold = self.analysis.options.threshold
-        dependent = [t for t in self.residual.terms if self.depends(t)]
+        dependent = [t.node for t in self.residual.terms if self.depends(t.node)]
         failing = [t for t in dependent if not algebra.is_certified(self.q(t), threshold)]
         return failing or dependent
 
@@ -423,7 +430,7 @@ class _BlockContext:
         stack = list(self.offending_terms())
         while stack:
             node = stack.pop()
-            if node in seen or node not in self.residual.cone_set:
+            if node in seen or node not in self.residual.region_set:
                 continue
             seen.add(node)
             stack.extend(node.all_input_nodes)
@@ -434,18 +441,14 @@ class _BlockContext:
         return [user for user in self.residual.stream.users if user in cone]
 
     def sum_nodes(self) -> list[fx.Node]:
-        """The residual add and the adds folded into it (``x + a(x) + b(x)``)."""
-        nodes, stack = [], [self.residual.root]
-        while stack:
-            node = stack.pop()
-            nodes.append(node)
-            stack.extend(a for a in node.args[:2] if isinstance(a, fx.Node) and is_add(a) and len(a.users) == 1 and a not in self.residual.cone_set)
-        return nodes
+        """The residual join and the sums folded into it (``x + a(x) + b(x)``)."""
+        terms = [self.residual.skip, *self.residual.terms]
+        return list(dict.fromkeys([self.residual.join] + [node for term in terms for node, _ in term.path]))
 
     def dominant(self) -> fx.Node:
         """The highest-q primitive: the derivation step where q reached its final value."""
         for step in self.block.derivation[1:]:
-            if step.q == self.block.q and step.node in self.nodes and not self.steps[self.nodes[step.node]].plumbing:
+            if step.q == self.block.q and step.node in self.nodes and not facts(self.nodes[step.node]).plumbing:
                 return self.nodes[step.node]
         raise NotApplicable("no primitive raises the exponent")
 
@@ -466,8 +469,11 @@ class _BlockContext:
 
     def through_plumbing(self, node: fx.Node) -> fx.Node:
         """The value a view/cast/selection of it carries (``x[..., None]`` -> ``x``)."""
-        while node in self.steps and self.steps[node].plumbing and self.steps[node].parent is not None:
-            node = self.steps[node].parent
+        while node in self.env and facts(node).plumbing:
+            parent = dominant_parent(node, self.env, self.analysis.graph)
+            if parent is None:
+                break
+            node = parent
         return node
 
     def module_of(self, node: fx.Node) -> Optional[nn.Module]:
@@ -505,7 +511,7 @@ class _BlockContext:
         signal, the one producing the most factors.
         """
         cone = self.branch_cone()
-        factors = [f for n in self.residual.cone if n in cone and self.is_hadamard(n) for f in self.factors(n)]
+        factors = [f for n in self.residual.region if n in cone and self.is_hadamard(n) for f in self.factors(n)]
         signals = {self.through_plumbing(f) for f in factors}
         produced: dict[fx.Node, int] = {}
         for factor in factors:
@@ -514,7 +520,7 @@ class _BlockContext:
                 produced[linear] = produced.get(linear, 0) + 1
         if not produced:
             raise NotApplicable("no selective-parameter projection (a Linear of a signal it multiplies)")
-        order = {n: i for i, n in enumerate(self.residual.cone)}
+        order = {n: i for i, n in enumerate(self.residual.region)}
         return max(produced, key=lambda n: (produced[n], -order[n]))
 
     def where(self, node: fx.Node) -> str:
@@ -526,7 +532,7 @@ class _BlockContext:
 
     def branch_name(self) -> str:
         """The child module that computes the offending branch (``ssm``), or ``f``."""
-        block_path = module_path(self.residual.root)
+        block_path = module_path(self.residual.join)
         prefix = f"{block_path}." if block_path else ""
         names = set()
         for term in self.offending_terms():
@@ -548,7 +554,7 @@ class _BlockContext:
         return self._norm_plan("periln", output=True)
 
     def _norm_plan(self, kind: str, *, output: bool) -> _Plan:
-        stream, root = self.residual.stream.name, self.residual.root.name
+        stream, root = self.residual.stream.name, self.residual.join.name
         readers = [n.name for n in self.stream_readers()]
         if not readers:
             raise NotApplicable("the offending branch does not read the block input")
@@ -564,7 +570,7 @@ class _BlockContext:
                     surgery.insert_norm(term, term_readers[term], meta_from=term, label=f"{kind}_out_{label}")
 
         f, norm = self.branch_name(), f"nn.{self.norm}({self.size(self.residual.stream)})"
-        only = f" (the `{f}` branch only)" if len(terms) < len([t for t in self.residual.terms if self.depends(t)]) else ""
+        only = f" (the `{f}` branch only)" if len(terms) < len([t for t in self.residual.terms if self.depends(t.node)]) else ""
         if output:
             target = f"input and output of {self.block.name}{only}"
             sketch = f"{f}(x) → norm_out({f}(norm_in(x))), norm_in = norm_out = {norm}"
@@ -584,7 +590,7 @@ class _BlockContext:
             surgery.insert_norm(label, users, meta_from=label, label=f"norm_{label}")
 
         expression = _expression(self, node)
-        step = self.steps[node].primitive
+        step = primitive_name(node)
         sketch = f"{expression} → norm({expression}), norm = nn.{self.norm}({self.size(node)})"
         return _Plan("norm_primitive", f"output of the {step} in {self.where(node)}", source_of(node), sketch, edit)
 

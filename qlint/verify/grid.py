@@ -21,7 +21,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Callable, Iterable, Optional
 
-from qlint.algebra import format_q
+from qlint.core.algebra import format_q
 from qlint.verify.train import KEY_FIELDS, RunConfig, run_key
 
 BACKBONES: dict[str, tuple[str, ...]] = {

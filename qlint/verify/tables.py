@@ -15,7 +15,7 @@ from collections import defaultdict
 from pathlib import Path
 from typing import Any, Iterable, Optional
 
-from qlint.algebra import format_q
+from qlint.core.algebra import format_q
 from qlint.verify.grid import BACKBONES, read_runs
 from qlint.verify.train import run_key
 

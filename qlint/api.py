@@ -1,0 +1,128 @@
+"""The public entry points, equal to the command line: configuration, declared primitives,
+suppressions and the baseline are applied here, once, for both.
+
+``qlint.check(["model.py:build"])`` returns the same :class:`~qlint.core.results.Report`
+as ``qlint model.py:build --format json`` in the same folder (``Report.to_dict()`` is
+that JSON document); ``qlint.analyze(model, inputs)`` does the same for a model object.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Iterable, Mapping, Optional, Sequence, Union
+
+from qlint.ci.config import Config, ConfigError, load_config
+from qlint.core.results import ModelReport, Report
+
+
+def configure(specs: Optional[Sequence[str]] = None, *, config: Union[str, Path, None] = None, isolated: bool = False,
+              overrides: Iterable[str] = (), cwd: Union[str, Path, None] = None, **flags: Any) -> Config:
+    """The effective configuration: discovered (or given) file, inline overrides, then flags.
+
+    ``flags`` are the command line's options by their Python names (``select``,
+    ``ignore``, ``fail_on``, ``threshold``, ``mode``, ``tracer``, ``device``,
+    ``input_shapes``, ``input_dtype``, ``output_format``, ``baseline`` ...).
+    """
+    start = Path(cwd) if cwd is not None else Path.cwd()
+    loaded = load_config(start, config_path=str(config) if config is not None else None, isolated=isolated,
+                         overrides=list(overrides))
+    return loaded.merge_cli(models=list(specs) if specs else None, **flags)
+
+
+def check(specs: Optional[Sequence[str]] = None, *, config: Union[str, Path, None] = None, isolated: bool = False,
+          overrides: Iterable[str] = (), remedies: bool = False, cwd: Union[str, Path, None] = None, **flags: Any) -> Report:
+    """Analyse each spec (or the configured ``models``) as ``qlint check`` does."""
+    settings = configure(specs, config=config, isolated=isolated, overrides=overrides, cwd=cwd, **flags)
+    if not settings.models:
+        raise ConfigError("no models to check: give specs, or list them in [tool.qlint] models = [...]")
+    report = analyse_configured(settings, remedies=remedies)
+    if settings.baseline is not None:
+        from qlint.ci.baseline import filter_new
+
+        report = filter_new(report, settings.baseline)
+    return report
+
+
+def analyse_configured(settings: Config, *, remedies: bool = False) -> Report:
+    """Every configured model: its per-model settings, declared primitives, suppressions."""
+    return Report([_one(settings, spec, remedies=remedies) for spec in settings.models])
+
+
+def _one(settings: Config, spec: str, *, remedies: bool) -> ModelReport:
+    from qlint.analysis import run
+    from qlint.ci.suppress import apply_suppressions
+
+    loaded, options = prepare(settings, spec, remedies=remedies)
+    analysis = run(loaded.model, loaded.inputs, spec=spec, options=options)
+    if remedies:
+        from qlint.remedies import attach
+
+        attach(analysis)
+    return apply_suppressions(analysis.report, settings)
+
+
+def prepare(settings: Config, spec: str, *, remedies: bool = False) -> tuple[Any, Any]:
+    """Load ``spec`` with its settings from the config and the primitives it declares."""
+    from qlint.analysis import Options, load_model
+
+    model_settings = settings.options_for(spec)
+    options = Options(
+        mode=model_settings.mode,
+        tracer=model_settings.tracer,
+        device=model_settings.device,
+        threshold=model_settings.threshold,
+        input_shapes=[",".join(str(d) for d in shape) for shape in model_settings.input_shapes or ()],
+        input_dtype=model_settings.input_dtype or "float32",
+        remedies=remedies,
+    )
+    loaded = load_model(spec, options)
+    options.primitives = declared_in(loaded.model, settings.primitives)
+    return loaded, options
+
+
+def declared_in(model: Any, table: Mapping[str, tuple[float, str]]) -> dict[type, Any]:
+    """The ``[tool.qlint.primitives]`` classes that occur in ``model``, as declarations.
+
+    A key ``"pkg.mod.Class"`` names a class by module and qualified name; for a model
+    loaded from a file (``path/mod.py:build``) ``"mod.Class"`` names a class of that file.
+    """
+    from qlint.core.ops import declared_name
+    from qlint.registry import Declared
+
+    if not table:
+        return {}
+    found = {}
+    for cls in {type(m) for m in model.modules()}:
+        for name in (f"{cls.__module__}.{cls.__qualname__}", declared_name(cls)):
+            if name in table:
+                q, why = table[name]
+                found[cls] = Declared(q=q, why=why)
+                break
+    return found
+
+
+def analyze(model: Any, example_inputs: Optional[tuple] = None, *, spec: Optional[str] = None, config: Union[str, Path, None] = None,
+            isolated: bool = False, primitives: Optional[Mapping[type, Any]] = None, cwd: Union[str, Path, None] = None,
+            **flags: Any) -> ModelReport:
+    """Certify every residual block of ``model`` with the project's configuration applied.
+
+    >>> report = qlint.analyze(model, (torch.randn(2, 16, 32),))
+    >>> assert report.verdict == "certified", report.findings
+
+    ``primitives={MyGate: {"q": 0, "why": "output in [0, 1]"}}`` declares opaque modules
+    for this call only (layered on the configuration's ``[tool.qlint.primitives]``).
+    """
+    from qlint.analysis import Options, declarations, run
+    from qlint.ci.suppress import apply_suppressions
+
+    settings = configure(None, config=config, isolated=isolated, cwd=cwd, **flags)
+    name = spec or type(model).__name__
+    model_settings = settings.options_for(name)
+    declared = {**declared_in(model, settings.primitives), **declarations(primitives or {})}
+    options = Options(mode=model_settings.mode, tracer=model_settings.tracer, threshold=model_settings.threshold,
+                      primitives=declared)
+    analysis = run(model, example_inputs, spec=name, options=options)
+    return apply_suppressions(analysis.report, settings)
+
+
+__all__ = ["analyze", "analyse_configured", "check", "configure", "declared_in", "prepare"]

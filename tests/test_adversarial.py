@@ -1,0 +1,162 @@
+"""The adversarial corpus (fixtures/adversarial/): qlint must refuse every unsafe case and certify every safe one.
+
+Written against the CLI only: one ``python -m qlint SPEC... --format json --isolated``
+run covers every case of fixtures/adversarial/CASES.toml. Each case has two tests:
+
+* ``test_cli_verdict``: an "unsafe" case (true exponent > 1, super-polynomial or a
+  pole) must not be ``certified``; a "safe" one must be ``certified`` with
+  ``max_q <= 1``.
+* ``test_label_is_true``: the label itself is re-measured numerically with
+  bench/adversarial_truth.py (quick mode), so the corpus cannot rot.
+
+If the single CLI run exits 2 (a spec that does not load or trace aborts the run),
+the specs are bisected until the failing ones are isolated; those fail with
+qlint's one-line error and the rest are judged normally.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import inspect
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+TRUTH_PATH = ROOT / "bench" / "adversarial_truth.py"
+CANARY = "fixtures/adversarial/skip_syntax.py:sub_skip_safe"  # the plainest residual block of the corpus
+MAX_CLI_RUNS = 30  # bisection budget when the single run fails
+
+
+def _load_truth():
+    spec = importlib.util.spec_from_file_location("adversarial_truth", TRUTH_PATH)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["adversarial_truth"] = module  # dataclasses resolve their module by name
+    spec.loader.exec_module(module)
+    return module
+
+
+truth = _load_truth()
+CASES = truth.load_cases()
+IDS = [case.spec for case in CASES]
+
+
+# ------------------------------------------------------------------ the CLI run
+
+
+def _cli(specs: list[str], isolated: bool = True) -> tuple[int, str, str]:
+    command = [sys.executable, "-m", "qlint", *specs, "--format", "json"] + (["--isolated"] if isolated else [])
+    env = dict(os.environ)
+    env.setdefault("OMP_NUM_THREADS", "1")  # tiny models: threads only contend
+    proc = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=600, env=env)
+    return proc.returncode, proc.stdout, proc.stderr
+
+
+def _error_line(rc: int, stderr: str) -> str:
+    lines = [line for line in stderr.strip().splitlines() if line.strip()]
+    return f"exit {rc}: " + (lines[-1] if lines else "(no message)")
+
+
+class _Runner:
+    """Runs the CLI on batches of specs; bisects a failing batch within a budget of runs."""
+
+    def __init__(self) -> None:
+        self.runs = 0
+        self.isolated = True
+
+    def run(self, specs: list[str]) -> dict[str, dict[str, Any]] | str:
+        """spec -> model entry of the JSON report, or the one-line error of the run."""
+        self.runs += 1
+        rc, out, err = _cli(specs, self.isolated)
+        if rc == 2 and self.isolated and "--isolated" in err and "no such option" in err.lower():
+            self.isolated = False  # an engine without --isolated: drop it
+            rc, out, err = _cli(specs, self.isolated)
+        if rc not in (0, 1):
+            return _error_line(rc, err)
+        try:
+            models = json.loads(out)["models"]
+        except (ValueError, KeyError, TypeError) as exc:
+            return f"exit {rc}: unreadable JSON report ({type(exc).__name__}: {exc})"
+        if len(models) != len(specs):
+            return f"exit {rc}: the report has {len(models)} models for {len(specs)} specs"
+        by_spec = {m.get("spec"): m for m in models}
+        if all(s in by_spec for s in specs):
+            return {s: by_spec[s] for s in specs}
+        return dict(zip(specs, models))  # the engine renamed the specs: the order still matches
+
+    def analyse(self, specs: list[str]) -> dict[str, dict[str, Any]]:
+        result = self.run(specs)
+        if isinstance(result, dict):
+            return result
+        canary = self.run([CANARY])
+        if isinstance(canary, str):  # qlint cannot check even the plainest block: no use bisecting
+            return {s: {"error": f"qlint cannot run at all (on {CANARY}: {canary})"} for s in specs}
+        return self._bisect(specs, result)
+
+    def _bisect(self, specs: list[str], error: str) -> dict[str, dict[str, Any]]:
+        if len(specs) == 1:
+            return {specs[0]: {"error": error}}
+        if self.runs >= MAX_CLI_RUNS:
+            return {s: {"error": f"a batch holding this spec failed ({error}); not isolated within {MAX_CLI_RUNS} runs"} for s in specs}
+        half = len(specs) // 2
+        out: dict[str, dict[str, Any]] = {}
+        for part in (specs[:half], specs[half:]):
+            result = self.run(part)
+            out.update(result if isinstance(result, dict) else self._bisect(part, result))
+        return out
+
+
+@pytest.fixture(scope="module")
+def cli_report() -> dict[str, dict[str, Any]]:
+    return _Runner().analyse([case.cli_spec for case in CASES])
+
+
+def _describe(model: dict[str, Any]) -> str:
+    blocks = ", ".join(f"{b.get('name')} q={b.get('q')} {b.get('status')}" for b in model.get("blocks", [])) or "no blocks"
+    codes = ",".join(f.get("code", "?") for f in model.get("findings", [])) or "none"
+    return f"qlint said verdict={model.get('verdict')} max_q={model.get('max_q')} [{blocks}] findings={codes}"
+
+
+# ------------------------------------------------------------------ tests
+
+
+@pytest.mark.parametrize("case", CASES, ids=IDS)
+def test_cli_verdict(case, cli_report):
+    model = cli_report[case.cli_spec]
+    if "error" in model:
+        pytest.fail(f"qlint could not check {case.cli_spec}: {model['error']}")
+    detail = f"{case.spec} (family {case.family}, q_true = {case.q_true}: {case.why}); {_describe(model)}"
+    if case.expect == "unsafe":
+        assert model["verdict"] != "certified", f"certified an unsafe model: {detail}"
+    else:
+        assert model["verdict"] == "certified", f"refused a safe model: {detail}"
+        assert model["max_q"] is not None and model["max_q"] <= 1, f"certified without a q <= 1 block: {detail}"
+
+
+@pytest.mark.parametrize("case", CASES, ids=IDS)
+def test_label_is_true(case):
+    result = truth.check_case(case, quick=True)
+    assert result.confirmed, f"{case.spec}: label {case.expect} / q_true = {case.q_true} is contradicted: {result.reason}"
+
+
+def test_every_factory_has_a_label():
+    """Every zero-argument public function of fixtures/adversarial/*.py is a case, and every case exists."""
+    labelled = {case.spec for case in CASES}
+    found = set()
+    for path in sorted(truth.ADVERSARIAL.glob("*.py")):
+        spec = importlib.util.spec_from_file_location(f"adversarial_scan_{path.stem}", path)
+        assert spec is not None and spec.loader is not None
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+        for name, obj in vars(module).items():
+            if inspect.isfunction(obj) and obj.__module__ == module.__name__ and not name.startswith("_"):
+                if not inspect.signature(obj).parameters:
+                    found.add(f"{path.name}:{name}")
+    assert found - labelled == set(), "factories without a CASES.toml entry"
+    assert labelled - found == set(), "CASES.toml entries without a factory"
