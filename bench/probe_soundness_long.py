@@ -2,7 +2,7 @@
 
     .venv/bin/python bench/probe_soundness_long.py --minutes 5
 
-Draws random residual architectures (qlint.probe_architectures) for the given time
+Draws random residual architectures (qlint.probe.architectures) for the given time
 and, for each, compares the measured exponent of every block with the static one:
 a measured exponent above static + tolerance is a soundness failure; on a tight
 architecture a measured exponent below static - tolerance is a tightness failure;
@@ -19,8 +19,8 @@ import time
 import torch
 from hypothesis import HealthCheck, given, settings
 
-from qlint.probe import ProbeSettings, measure_model
-from qlint.probe_architectures import architectures, build
+from qlint.probe.measure import ProbeSettings, measure_model
+from qlint.probe.architectures import architectures, build
 
 
 def main() -> int:

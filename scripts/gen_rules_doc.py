@@ -1,4 +1,4 @@
-"""Generate docs/rules.md from the rule units (``qlint.rules.checks``).
+"""Generate docs/rules.md from the rule units (``qlint.lint``).
 
     python scripts/gen_rules_doc.py           # rewrite docs/rules.md
     python scripts/gen_rules_doc.py --check   # exit 1 when docs/rules.md is out of date
@@ -28,7 +28,7 @@ edit by hand. `qlint explain CODE` prints one rule.
 
 def render() -> str:
     """The whole document: an index, then every rule's documentation in code order."""
-    from qlint.rules.checks import load_all
+    from qlint.lint import rules as load_all
 
     rules = load_all()
     index = "".join(f"| [{code}](#{_anchor(rules[code].doc())}) | {rules[code].name} | {rules[code].severity} |\n" for code in sorted(rules))

@@ -16,7 +16,7 @@ import json
 import torch
 
 from qlint.coverage import registry_coverage
-from qlint.rules.primitives import load
+from qlint.registry import default as load
 
 
 def main() -> None:

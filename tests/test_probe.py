@@ -56,11 +56,11 @@ def native_mamba():
 
 
 def _check_reproduces_forward(analysis, trajectory: Trajectory) -> None:
-    assert analysis.residual_blocks
-    for residual in analysis.residual_blocks:
+    assert analysis.stream.blocks
+    for residual in analysis.stream.blocks:
         field = VelocityField(trajectory, residual)
         stream = trajectory.values[residual.stream]
-        expected = trajectory.values[residual.root] - stream
+        expected = trajectory.values[residual.join] - stream
         assert stream.dtype == torch.float64
         torch.testing.assert_close(field(stream), expected, rtol=1e-12, atol=1e-12)
 
@@ -78,7 +78,7 @@ def test_velocity_reproduces_the_forward_pass_with_token_ids():
 
 def test_velocity_is_a_function_of_the_stream_alone(native_mamba):
     analysis, trajectory = native_mamba
-    field = VelocityField(trajectory, analysis.residual_blocks[1])
+    field = VelocityField(trajectory, analysis.stream.blocks[1])
     x = field.stream
     assert not torch.equal(field(2 * x), 2 * field(x))  # q = 5: not homogeneous of degree 1
     torch.testing.assert_close(field(x), field(x.clone()))
@@ -89,7 +89,7 @@ def test_velocity_is_a_function_of_the_stream_alone(native_mamba):
 
 def test_native_mamba_measures_five(native_mamba):
     analysis, trajectory = native_mamba
-    for index, (residual, block) in enumerate(zip(analysis.residual_blocks, analysis.report.blocks)):
+    for index, (residual, block) in enumerate(zip(analysis.stream.blocks, analysis.report.blocks)):
         probe = measure_block(trajectory, residual, block.q, ProbeSettings(random_directions=4), index)
         assert probe.q_static == 5.0
         assert probe.q_measured == pytest.approx(5.0, abs=0.05)

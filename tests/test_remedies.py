@@ -119,8 +119,12 @@ def test_hymba_ssm_branch_gets_a_norm_on_that_branch_only(hymba):
     assert preln.q_after == 0.0 and "the `ssm` branch only" in preln.target
     assert "nn.RMSNorm(16)" in preln.sketch  # the model's own norm kind
     remedied = remedies.apply(hymba, "preln", block="layers.0")
-    norms = [n for n in remedied.graph.nodes if n.op == "call_module" and str(n.target).startswith("qlint_preln")]
-    assert len(norms) == 1 and isinstance(remedied.get_submodule(str(norms[0].target)), nn.RMSNorm)
+    # an RMSNorm applied functionally, its trainable weight held by a new submodule
+    norms = [n for n in remedied.graph.nodes if n.op == "call_function" and len(n.args) > 2
+             and isinstance(n.args[2], torch.fx.Node) and str(n.args[2].target).startswith("qlint_preln")]
+    assert len(norms) == 1 and norms[0].target is torch.nn.functional.rms_norm
+    weight = remedied.get_parameter(str(norms[0].args[2].target))
+    assert weight.shape == (16,) and weight.requires_grad
     readers = {module_path(user) for user in norms[0].users}
     assert readers and all(path.startswith("layers.0.ssm") for path in readers)
 
@@ -211,7 +215,7 @@ def test_report_json_and_terminal_show_remedies_only_when_asked():
     plain = check([spec]).models[0]
     assert "remedies" not in plain.blocks[0].extra
     assert "--show-remedies" in plain.findings[0].message
-    report = check([spec], Options(remedies=True))
+    report = qlint.check([spec], remedies=True, isolated=True)
     entries = report.to_dict()["models"][0]["blocks"][0]["remedies"]
     assert [e["kind"] for e in entries] == ["lipschitz_activation", "preln", "norm_primitive", "periln"]
     assert set(entries[0]) == {"kind", "target", "q_after", "new_params", "new_nodes", "sketch", "source"}
@@ -223,7 +227,7 @@ def test_report_json_and_terminal_show_remedies_only_when_asked():
 
 
 def test_an_uncertifiable_block_says_so_in_the_report():
-    report = check([str(ROOT / "fixtures/toy.py:unknown_op")], Options(remedies=True))
+    report = qlint.check([str(ROOT / "fixtures/toy.py:unknown_op")], remedies=True, isolated=True)
     assert report.models[0].blocks[0].extra["remedies"] == []
     assert "no remedy qlint tried certifies UnknownOpBlock" in render_full(report, width=200)
 

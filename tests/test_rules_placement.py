@@ -26,7 +26,9 @@ def test_post_ln_stack_warns_once_with_the_stack_path(lint, tracer):
 
 def test_opaque_torch_post_ln_encoder_counts_its_sublayers(lint):
     report = lint("placement.py:torch_post_ln", tracer="symbolic_trace")
-    assert report.blocks == []  # nn.TransformerEncoder is a leaf: only the module tells
+    # nn.TransformerEncoder is traced through (torch.export runs its forward): its sublayers are blocks
+    assert [(b.name, b.form) for b in report.blocks] == [
+        (f"encoder.layers.{i}:{part}", "post-norm") for i in range(2) for part in ("self_attn", "linear2")]
     [finding] = findings(report, "QL202")
     assert finding.message.startswith("Post-LN stack `encoder.layers` of 4 blocks")
 
@@ -85,7 +87,7 @@ def test_shallow_stacks_are_not_checked(lint):
 def test_branch_scale_measures_multiplier_times_relative_gain(name, expected):
     loaded = load_model(f"fixtures/placement.py:{name}", Options())
     analysis = run(loaded.model, loaded.inputs, spec=name, options=Options())
-    scales = [branch_scale(b.terms[0].node, analysis) for b in analysis.stream.blocks]
+    scales = [branch_scale(b.terms[0].entry, analysis) for b in analysis.stream.blocks]
     # default init: std(W) sqrt(fan_in) = 1/sqrt(3) up to sampling error of a 16 x 64 matrix
     assert all(abs(scale / expected - 1) < 0.1 for scale in scales), scales
 

@@ -48,12 +48,14 @@ class Term:
     """One term of a join: ``coefficient * node`` reached through ``path``.
 
     ``path`` lists (node, argument name) from the join down to the argument that holds
-    the term, so the term can be replaced by 0 (the velocity of an additive block).
+    the term, so the term can be replaced by 0 (the velocity of an additive block);
+    ``entry`` is the value as it enters the join (``gamma * f(x)`` for the term f(x)).
     """
 
     node: fx.Node
     coefficient: Optional[float]  # a known number, None when the factor is not constant
     path: tuple[tuple[fx.Node, str], ...]
+    entry: Optional[fx.Node] = None
 
 
 @dataclass
@@ -138,7 +140,8 @@ def _terms(node: fx.Node, graph: GraphFacts, scale: Optional[float], path: tuple
         value = _arg(node, arg_name)
         if not isinstance(value, fx.Node) or value not in graph.data:
             return
-        out.extend(_expand(value, graph, _product(scale, coefficient), path + ((node, arg_name),)))
+        expanded = _expand(value, graph, _product(scale, coefficient), path + ((node, arg_name),))
+        out.extend(Term(t.node, t.coefficient, t.path, t.entry or value) for t in expanded)
 
     alpha = _number(_arg(node, "alpha", 1))
     if op == "add":
@@ -181,7 +184,7 @@ def _opaque(node: fx.Node, graph: GraphFacts, names: tuple[str, ...], path: tupl
     for arg_name in names:
         value = _arg(node, arg_name)
         if isinstance(value, fx.Node) and value in graph.data:
-            out.append(Term(value, None, path + ((node, arg_name),)))
+            out.append(Term(value, None, path + ((node, arg_name),), value))
     return out
 
 
@@ -498,14 +501,20 @@ def _name(blocks: list[Block], root_name: str) -> None:
 
 
 def _branch_child(block: Block, base: str) -> str:
-    """The direct child module of the block's module that produced the velocity."""
+    """The direct child module of the block's module that computes the velocity: the one
+    owning most of the block's ops (``attn`` rather than the ``dropout`` wrapped around it)."""
     prefix = f"{base}." if base else ""
-    for term in block.terms:
-        for node in [term.node, *reversed(block.region)]:
-            path = module_path(node)
-            if path.startswith(prefix) and len(path) > len(prefix):
-                return path[len(prefix) :].split(".")[0]
-    return ""
+    counts: Counter = Counter()
+    last: dict[str, int] = {}
+    for position, node in enumerate(block.region):
+        path = module_path(node)
+        if path.startswith(prefix) and len(path) > len(prefix) and facts(node).op != "dropout":
+            child = path[len(prefix) :].split(".")[0]
+            counts[child] += 1
+            last[child] = position
+    if not counts:
+        return ""
+    return max(counts, key=lambda child: (counts[child], last[child]))
 
 
 def _transition_name(transition: Transition) -> str:

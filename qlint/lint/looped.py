@@ -75,7 +75,7 @@ def _find_loops(graph: fx.Graph, analysis: Analysis) -> list[Loop]:
     reads as a step with the chain's weights from one of its terms.
     """
     order = analysis.graph.order
-    dependent = analysis.graph.data
+    dependent = _structural(graph)
     sums = [node for node in graph.nodes if _is_sum(node) and not _folded(node)]
     links: dict[fx.Node, Step] = {}  # sum -> the step computing it from an earlier sum
     for root in sums:
@@ -95,6 +95,21 @@ def _find_loops(graph: fx.Graph, analysis: Analysis) -> list[Loop]:
             body = _body_path(cone(chain[-1].state, chain[-1].root, order))
             loops.append(Loop(body or type(analysis.model).__name__, chain, iterations))
     return loops
+
+
+def _structural(graph: fx.Graph) -> set[fx.Node]:
+    """Nodes computed from the inputs along any edge but shape queries.
+
+    Structure, not values: the loop's first state ``zeros_like(e)`` carries no value of
+    the input, but it is the state the first iteration reads.
+    """
+    dependent: set[fx.Node] = set()
+    for node in graph.nodes:
+        if "qlint" in node.meta and node.meta["qlint"].meta_output:
+            continue
+        if node.op == "placeholder" or any(parent in dependent for parent in node.all_input_nodes):
+            dependent.add(node)
+    return dependent
 
 
 def _continues(step: Step, links: dict[fx.Node, Step]) -> bool:

@@ -122,7 +122,7 @@ def unscaled_deep_residual(analysis: Analysis) -> Iterable[Finding]:
     if any(p.is_meta for p in analysis.module.parameters()):
         return  # built on meta: the initialisation has no values to inspect
     limit = 2 / math.sqrt(len(blocks))
-    unscaled = [b for b in blocks if max((branch_scale(t.node, analysis) for t in b.terms), default=0.0) > limit]
+    unscaled = [b for b in blocks if max((branch_scale(t.entry or t.node, analysis) for t in b.terms), default=0.0) > limit]
     if not unscaled:
         return
     stack = common_path([module_path(b.join) for b in blocks]) or type(analysis.model).__name__
