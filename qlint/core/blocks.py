@@ -25,6 +25,7 @@ per-block analysis and reported, never certified.
 
 from __future__ import annotations
 
+import math
 from collections import Counter
 from dataclasses import dataclass, field
 from typing import Literal, Optional
@@ -127,9 +128,30 @@ def _product(a: Optional[float], b: Optional[float]) -> Optional[float]:
 
 def join_terms(node: fx.Node, graph: GraphFacts) -> Optional[list[Term]]:
     """The terms of a linear combination (None when the node is not a join)."""
+    stacked = _stack_sum(node, graph)
+    if stacked is not None:
+        return stacked
     if "sum" not in facts(node).family:
         return None
     return _terms(node, graph, 1.0, ())
+
+
+def _stack_sum(node: fx.Node, graph: GraphFacts) -> Optional[list[Term]]:
+    """``torch.stack([a, b, ...]).sum(0)`` = a + b + ...: terms without a zeroable slot (the
+    join is then analysed in the scaled form)."""
+    from qlint.core.ops import op_name
+
+    if facts(node).op != "sum" or _arg(node, "keepdim", False):
+        return None
+    stack = _arg(node, "input")
+    if not isinstance(stack, fx.Node) or op_name(stack) != "stack" or len(graph.children.get(stack, ())) != 1:
+        return None
+    dim, axis = _arg(node, "dim"), _arg(stack, "dim", 0)
+    dims = dim if isinstance(dim, (list, tuple)) else [dim]
+    if len(dims) != 1 or dims[0] != axis:
+        return None
+    parts = _arg(stack, "tensors") or []
+    return [Term(p, None, (), p) for p in parts if isinstance(p, fx.Node) and p in graph.data]
 
 
 def _terms(node: fx.Node, graph: GraphFacts, scale: Optional[float], path: tuple) -> list[Term]:
@@ -296,7 +318,7 @@ def _as_block(join: fx.Node, graph: GraphFacts) -> Optional[Block]:
         if join_shape is not None and stream_shape is not None and stream_shape != join_shape:
             continue  # a term broadcast up to the join is a bias, not X_k
         others = [t for t in terms if t is not term]
-        dependent = [t for t in others if graph.depends_on(t.node, stream) and carried(t.node) is not stream]
+        dependent = [t for t in others if graph.depends_on(t.node, stream)]
         if not dependent or any(graph.is_ancestor(t.node, stream) for t in others):
             continue
         key = (len(dependent), graph.order[stream])
@@ -306,14 +328,20 @@ def _as_block(join: fx.Node, graph: GraphFacts) -> Optional[Block]:
         return _gated(join, terms, graph)
     _, _, skip, stream = best
     velocity = [t for t in terms if t is not skip]
-    if facts(join).op in ("add", "sub", "rsub") and join_shape is not None:
-        shapes = [shape_of(t.node) for t in velocity if t.node in graph.data]
-        if shapes and all(s is not None and s != join_shape for s in shapes):
-            return None  # x - mean(x): every term is broadcast, a centring, not a residual branch
+    if facts(join).op in ("add", "sub", "rsub") and join_shape is not None and _centring(velocity, stream, join_shape):
+        return None  # x - mean(x): the numerator of a normalisation (RevIN), not a residual branch
     repeated = any(carried(t.node) is stream for t in velocity)
     exact = facts(join).op in _EXACT and skip.coefficient == 1.0 and not repeated and all(
         facts(node).op in _EXACT or facts(node).op in ("neg", "mul", "div") for node, _ in skip.path)
     return Block(join=join, stream=stream, skip=skip, terms=velocity, form="additive" if exact else "scaled")
+
+
+def _centring(velocity: list[Term], stream: fx.Node, shape: tuple) -> bool:
+    """Every velocity term is broadcast back over X_k (fewer entries than the join): a
+    statistic such as x - mean(x) or RevIN's x - loc, the numerator of a normalisation.
+    A residual branch has the stream's shape."""
+    shapes = [shape_of(t.node) for t in velocity]
+    return bool(shapes) and all(s is not None and s != shape and math.prod(s) < math.prod(shape) for s in shapes)
 
 
 def _gated(join: fx.Node, terms: list[Term], graph: GraphFacts) -> Optional[Block]:
@@ -500,21 +528,23 @@ def _name(blocks: list[Block], root_name: str) -> None:
                 block.name = f"{block.name}#{seen[block.name]}"
 
 
+_WRAPPERS = {"dropout", "view", "copy", "cast", "cast_float"}
+
+
 def _branch_child(block: Block, base: str) -> str:
-    """The direct child module of the block's module that computes the velocity: the one
-    owning most of the block's ops (``attn`` rather than the ``dropout`` wrapped around it)."""
+    """The direct child module of the block's module whose output is the velocity term
+    (``attn``, not the ``dropout`` wrapped around it: wrappers are walked back over)."""
     prefix = f"{base}." if base else ""
-    counts: Counter = Counter()
-    last: dict[str, int] = {}
-    for position, node in enumerate(block.region):
-        path = module_path(node)
-        if path.startswith(prefix) and len(path) > len(prefix) and facts(node).op != "dropout":
-            child = path[len(prefix) :].split(".")[0]
-            counts[child] += 1
-            last[child] = position
-    if not counts:
-        return ""
-    return max(counts, key=lambda child: (counts[child], last[child]))
+    for term in block.terms:
+        node: Optional[fx.Node] = term.node
+        while node is not None:
+            path = module_path(node)
+            child = path[len(prefix) :].split(".")[0] if path.startswith(prefix) and len(path) > len(prefix) else ""
+            if child and facts(node).op not in _WRAPPERS:
+                return child
+            source = _arg(node, "input") if facts(node).op in _WRAPPERS else None
+            node = source if isinstance(source, fx.Node) and source in block.region_set else None
+    return ""
 
 
 def _transition_name(transition: Transition) -> str:

@@ -74,8 +74,12 @@ class GrowthProp(fx.Interpreter):
         model's inputs are (a mask, a normalised encoder output): q = 0.
         """
         known = leading(base[node])
-        q = 0.0 if (not stream and known.q == 0) else 1.0
-        return Growth(q, depends=True, real=known.real, range=known.range)
+        if not stream and known.q == 0:
+            return Growth(0.0, depends=True, real=known.real, range=known.range)
+        # a free variable of any magnitude: its sign is kept, no bound on its size
+        r = known.range
+        sign = Range(lo=0.0 if r.nonneg else -math.inf, hi=0.0 if r.nonpos else math.inf, pos=r.pos, neg=r.neg)
+        return Growth(1.0, depends=True, real=known.real, range=sign)
 
     def propagate(self, seeds: dict[fx.Node, Value], nodes: Iterable[fx.Node], base: dict[fx.Node, Value]) -> dict[fx.Node, Value]:
         return run_cone(self, seeds, nodes, base)

@@ -256,6 +256,7 @@ class _Denominator:
     eps: bool  # bounded away from 0 by a numeric eps > 0
     scale: float  # the product of positive constant factors applied to the statistic
     inverse: bool  # already 1 / statistic
+    squared: bool = False  # a second moment without its root: |x_i| / (m + eps) <= sqrt(n) / (2 sqrt(eps))
 
 
 def _broadcast_strip(node: Any) -> Any:
@@ -324,6 +325,9 @@ def _denominator(node: Any) -> Optional[_Denominator]:
     stat = _statistic(inner)
     if stat is not None and stat.rooted:
         return _Denominator(stat, eps, scale, inverse=False)
+    if stat is not None and stat.kind in ("ms", "ss", "var") and eps:
+        # sqrt(m) / (m + eps) <= 1 / (2 sqrt(eps)): a second moment over-normalises
+        return _Denominator(stat, eps, scale, inverse=False, squared=True)
     return None
 
 
@@ -364,6 +368,11 @@ def _proves(numerator: Any, den: Optional[_Denominator]) -> Optional[str]:
     if stat.kind == "var":
         if centred is None:
             return None  # an uncentred numerator over a deviation is not bounded
+        if den.squared:
+            raw, mean = centred
+            base_centred = _centred_base(stat.base)
+            same = stat.base is raw or stat.base is numerator or (base_centred is not None and base_centred[0] is raw)
+            return "(x - mean) / (var + eps) (over-normalised, bounded)" if same and _same_group(mean, stat.reduction) else None
         raw, mean = centred
         base = stat.base
         base_centred = _centred_base(base)
@@ -381,6 +390,8 @@ def _proves(numerator: Any, den: Optional[_Denominator]) -> Optional[str]:
         return "(x - mean) / sqrt(mean((x - mean)^2) + eps) (LayerNorm written out)"
     if stat.base is not numerator:
         return None
+    if den.squared:
+        return "x / (mean(x^2) + eps) (a second moment: over-normalised, bounded)"
     if stat.kind == "ms":
         return "x * rsqrt(mean(x^2) + eps) (RMSNorm written out)" if den.inverse else "x / sqrt(mean(x^2) + eps) (RMSNorm written out)"
     if stat.kind == "ss":
@@ -390,6 +401,8 @@ def _proves(numerator: Any, den: Optional[_Denominator]) -> Optional[str]:
 
 def _bound(den: _Denominator) -> Optional[float]:
     stat = den.statistic
+    if den.squared:
+        return None  # bounded, by a constant that depends on eps
     if stat.kind in ("ss", "norm", "abs"):
         return 1.0 / den.scale
     if stat.reduction is None:

@@ -196,13 +196,12 @@ def tensor_outputs(model: torch.nn.Module) -> Iterator[None]:
 
     torch.export and make_fx reject outputs that are not pytrees, such as the
     ``DynamicCache`` Hugging Face models return; the analysis only needs the graph, so
-    non-tensor outputs are dropped. Patching the instance's ``forward`` keeps every node's
-    module path relative to the model itself. A Hugging Face model does not build that
-    cache at all (``use_cache=False``): it is an output only.
+    non-tensor outputs are dropped. A forward hook registered last does it: the model's
+    own forward and hooks (a root hook included) see its real output first, and every
+    node's module path stays relative to the model itself. A Hugging Face model does
+    not build that cache at all (``use_cache=False``): it is an output only.
     """
-    own_forward = "forward" in vars(model)
-    forward = model.forward
-    model.forward = lambda *args, **kwargs: tuple(_tensors(forward(*args, **kwargs)))
+    handle = model.register_forward_hook(lambda module, args, output: tuple(_tensors(output)))
     config = getattr(model, "config", None) if is_hugging_face(model) else None
     caching = getattr(config, "use_cache", False) is True
     if caching:
@@ -212,10 +211,7 @@ def tensor_outputs(model: torch.nn.Module) -> Iterator[None]:
     finally:
         if caching:
             config.use_cache = True
-        if own_forward:
-            model.forward = forward
-        else:
-            del model.forward
+        handle.remove()
 
 
 def _export(model: torch.nn.Module, inputs: tuple) -> fx.GraphModule:

@@ -546,9 +546,16 @@ def clamp(call: Call, entry: Any) -> Any:
 
 
 def _bound(raw: Any, infinite: float) -> Optional[Growth]:
+    """A clamp bound: a finite number, a computed tensor (its own growth), or None.
+
+    A parameter or buffer is no bound unless its value range is known to be finite: a
+    buffer may hold +-inf ("no bound"), and then clamp is the identity.
+    """
     if raw is None:
         return None
     if isinstance(raw, Growth):
+        if not raw.depends and not (raw.real is True and math.isfinite(raw.range.lo) and math.isfinite(raw.range.hi)):
+            return None
         return raw
     if _is_number(raw) and (math.isinf(raw) or math.isnan(raw)):
         return None
@@ -1414,6 +1421,21 @@ def random(call: Call, entry: Any) -> Any:
         return Growth(0.0, depends=depends, range=Range(lo=0.0))
     growths = call.every()
     return combine_max(*growths) if growths else CONSTANT
+
+
+@transfer("erfcx")
+def erfcx(call: Call, entry: Any) -> Any:
+    """erfcx(x) in (0, 1] for x >= 0; bounded for a bounded argument; else e^(x^2) growth."""
+    x = call.growth("input")
+    if x is None or not x.depends:
+        return Growth(0.0, depends=False) if x is not None else CONSTANT
+    if x.real is not True:
+        return unknown("erfcx of a complex (or unknown-dtype) value")
+    if x.range.nonneg:
+        return Growth(0.0, range=domain.interval(0.0, 1.0))
+    if x.q == 0:
+        return Growth(0.0, range=Range(lo=0.0))
+    return Growth(algebra.SUPERPOLYNOMIAL if x.known else None, culprit="erfcx of an argument that may be negative (grows like e^(x^2))")
 
 
 @transfer("unbounded")

@@ -1,0 +1,199 @@
+"""The value domain is sound: every fact a transfer claims holds on the numbers.
+
+Ranges are sampled with hypothesis (finite and infinite ends, both signs, strict and
+non-strict, zero inside or at the edge); values are drawn inside them, the operation is
+applied to the numbers, and the claimed output range must contain the result. Then every
+registry transfer of an elementwise or reducing op is run on random tensors of both
+signs (and complex where the op takes it), with input facts that the sampled tensors
+really satisfy: the claimed range must hold, and the claimed exponent must bound the
+growth under scaling.
+"""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+from hypothesis import HealthCheck, assume, given, settings
+from hypothesis import strategies as st
+
+from qlint.core import domain
+from qlint.core.domain import ANY, Growth, Range
+from qlint.core.ops import Call
+from qlint.registry import default
+
+FINITE = st.floats(min_value=-1e3, max_value=1e3, allow_nan=False)
+
+
+@st.composite
+def ranges(draw) -> Range:
+    """A range with any mix of finite / infinite ends and strict signs."""
+    lo = draw(st.one_of(st.just(-math.inf), FINITE, st.just(0.0)))
+    hi = draw(st.one_of(st.just(math.inf), FINITE, st.just(0.0)))
+    if lo > hi:
+        lo, hi = hi, lo
+    pos = lo >= 0 and hi > 0 and draw(st.booleans())
+    neg = hi <= 0 and lo < 0 and draw(st.booleans())
+    return Range(lo=lo, hi=hi, pos=pos, neg=neg)
+
+
+def sample(r: Range, draw) -> float:
+    """A number the range allows (its edges included)."""
+    lo = r.lo if math.isfinite(r.lo) else (min(r.hi, 0.0) - 1e6 if math.isfinite(r.hi) else -1e6)
+    hi = r.hi if math.isfinite(r.hi) else max(lo, 0.0) + 1e6
+    value = draw(st.one_of(st.just(lo), st.just(hi), st.floats(min_value=lo, max_value=hi)))
+    if r.pos and value <= 0:
+        value = max(hi * 0.5, 1e-9) if hi > 0 else 1e-9
+    if r.neg and value >= 0:
+        value = min(lo * 0.5, -1e-9) if lo < 0 else -1e-9
+    return value
+
+
+def holds(r: Range, value: float) -> bool:
+    if math.isnan(value):
+        return True  # an undefined result is no counterexample to a range (inf - inf)
+    if value < r.lo - 1e-9 * max(1.0, abs(r.lo)) or value > r.hi + 1e-9 * max(1.0, abs(r.hi)):
+        return False
+    return not ((r.pos and value <= 0) or (r.neg and value >= 0))
+
+
+SETTINGS = settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+
+
+@SETTINGS
+@given(st.data(), ranges(), ranges())
+def test_sum_and_difference(data, a, b):
+    x, y = sample(a, data.draw), sample(b, data.draw)
+    assert holds(domain.add(a, b), x + y)
+    assert holds(domain.add(a, domain.negate(b)), x - y)  # a - b is a + (-b)
+
+
+@SETTINGS
+@given(st.data(), ranges(), ranges())
+def test_product(data, a, b):
+    x, y = sample(a, data.draw), sample(b, data.draw)
+    assert holds(domain.mul(a, b), x * y)
+
+
+@SETTINGS
+@given(st.data(), ranges())
+def test_square_abs_exp(data, a):
+    x = sample(a, data.draw)
+    assert holds(domain.square(a), x * x)
+    assert holds(domain.absolute(a), abs(x))
+    if x < 700:
+        assert holds(domain.exp(a), math.exp(x))
+
+
+@SETTINGS
+@given(st.data(), ranges(), ranges())
+def test_max_min_union(data, a, b):
+    x, y = sample(a, data.draw), sample(b, data.draw)
+    assert holds(domain.maximum(a, b), max(x, y))
+    assert holds(domain.minimum(a, b), min(x, y))
+    assert holds(domain.union(a, b), x) and holds(domain.union(a, b), y)
+
+
+@SETTINGS
+@given(ranges())
+def test_facts_are_consistent(r):
+    """A floor implies strict positivity, a finite end a per-parameter bound, and so on."""
+    assert not (r.floor and not r.pos) and not (r.ceil and not r.neg)
+    assert (r.lo == -math.inf) or r.below
+    assert (r.hi == math.inf) or r.above
+    if r.pos:
+        assert r.lo >= 0
+
+
+def test_complex_values_carry_no_order():
+    assert Growth(1.0, real=False, range=Range(lo=0.0)).range == ANY
+    assert Growth(1.0, real=None, range=Range(lo=0.0)).range == ANY
+
+
+def test_a_difference_of_negative_terms_has_no_sign():
+    """(-|z|) - (-2|z|) = |z|: the sum's rule on a difference would claim <= 0."""
+    minus_abs = domain.negate(domain.absolute(ANY))
+    assert not domain.add(minus_abs, domain.negate(domain.mul(domain.point(2.0), minus_abs))).nonpos
+
+
+# --- every registry transfer on random tensors -------------------------------------------------
+
+SHAPE = (3, 5)
+
+
+def _tensor(kind: str, generator: torch.Generator) -> torch.Tensor:
+    x = torch.randn(SHAPE, generator=generator, dtype=torch.float64)
+    if kind == "positive":
+        return x.abs() + 0.1
+    if kind == "negative":
+        return -x.abs() - 0.1
+    if kind == "zeros":
+        return torch.where(x > 0, x, torch.zeros_like(x))
+    return x
+
+
+def _facts(x: torch.Tensor, kind: str) -> Growth:
+    """The facts the sampled tensor satisfies (never more): q = 1, its sign if any."""
+    r = {"positive": Range(lo=0.0, pos=True), "negative": Range(hi=0.0, neg=True), "zeros": Range(lo=0.0)}.get(kind, ANY)
+    return Growth(1.0, depends=True, range=r)
+
+
+def _unary_ops():
+    """(entry, op name, callable) for every single-tensor op of the registry with a torch function."""
+    registry = default()
+    out = []
+    for primitive in registry.primitives:
+        if primitive.unbounded:
+            continue
+        for target in primitive.targets:
+            if not target.startswith("torch.") or target.count(".") != 1:
+                continue
+            fn = getattr(torch, target.split(".")[1], None)
+            if fn is None or target.split(".")[1].endswith("_"):
+                continue
+            try:
+                fn(torch.randn(SHAPE, dtype=torch.float64))
+            except Exception:
+                continue
+            out.append(pytest.param(primitive, fn, id=f"{primitive.id}:{target}"))
+    return out
+
+
+class _FakeNode:
+    """What a transfer reads off a node when there is no graph: nothing."""
+
+    target = None
+    args: tuple = ()
+    meta: dict = {}
+
+
+@pytest.mark.parametrize(("primitive", "fn"), _unary_ops())
+@pytest.mark.parametrize("kind", ["any", "positive", "negative", "zeros"])
+def test_unary_transfer_is_sound(primitive, fn, kind):
+    generator = torch.Generator().manual_seed(0)
+    x = _tensor(kind, generator)
+    call = Call(None, {"input": _facts(x, kind)}, {})  # type: ignore[arg-type]
+    call.op = fn.__name__
+    claimed = primitive.transfer(call, primitive)
+    while isinstance(claimed, tuple):
+        claimed = claimed[0]
+    result = fn(x)
+    while isinstance(result, tuple):
+        result = result[0]
+    if not isinstance(result, torch.Tensor) or not result.is_floating_point() or claimed.q is None:
+        return
+    values = result.detach().double().flatten().tolist()
+    assert all(holds(claimed.range, v) for v in values), f"{fn.__name__} on {kind} inputs claims {claimed.range}"
+    if math.isinf(claimed.q):
+        return
+    # the exponent bounds the growth: ||f(s x)|| <= C s^q, checked on a decade of s
+    small, large = fn(10.0 * x), fn(1e4 * x)
+    while isinstance(small, tuple):
+        small, large = small[0], large[0]
+    small, large = small.double().norm(), large.double().norm()
+    if not torch.isfinite(large) or small == 0:
+        assert claimed.q > 0 or torch.isfinite(large), f"{fn.__name__}: bounded claim, but {large}"
+        return
+    slope = math.log(max(float(large), 1e-300) / float(small)) / math.log(1e3)
+    assert slope <= claimed.q + 0.05, f"{fn.__name__} grows like s^{slope:.2f}, claimed q = {claimed.q}"
