@@ -54,14 +54,13 @@ from typing import Any, Callable, Optional
 
 import torch
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from qlint.probe.witness import Ray, velocity, witness  # noqa: E402
+
 ROOT = Path(__file__).resolve().parents[1]
 ADVERSARIAL = ROOT / "fixtures" / "adversarial"
 CASES_FILE = ADVERSARIAL / "CASES.toml"
 
-SCALES = [10.0 ** (k / 2) for k in range(13)]  # 1e0 .. 1e6, half decades: blow-ups, super-polynomial slopes
-TAIL_SCALES = [10.0 ** (3 + k / 16) for k in range(49)]  # 1e3 .. 1e6, 16 a decade: the envelope
-FIT_FROM = 1e4  # the measured exponent is the envelope's slope over [FIT_FROM, 1e6]
-ROUNDOFF = 1e-10  # a velocity below this fraction of the largest one at the same scale is rounding noise
 TOL = 0.25
 INF_SLOPE = 5.0
 POLE_RATIO = 1e3
@@ -133,179 +132,6 @@ def build(factory: Callable) -> tuple[torch.nn.Module, torch.Tensor]:
     return model, inputs[0].double()
 
 
-# ------------------------------------------------------------------ directions and perturbations
-
-
-def _unit(t: torch.Tensor) -> torch.Tensor:
-    n = t.norm()
-    return t / n if n > 0 else t
-
-
-def _linears(model: torch.nn.Module, d: int) -> list[torch.nn.Linear]:
-    return [m for m in model.modules() if isinstance(m, torch.nn.Linear) and m.in_features == d]
-
-
-def _null_of_rows(weight: torch.Tensor, k: int, shape, generator) -> torch.Tensor:
-    """A random input whose last-dim vectors are orthogonal to the first k rows of weight."""
-    rows = weight[:k].detach()
-    q, _ = torch.linalg.qr(rows.T)  # (d, k): an orthonormal basis of the row span
-    r = torch.randn(*shape, generator=generator, dtype=weight.dtype)
-    return r - (r @ q) @ q.T
-
-
-def directions(model: torch.nn.Module, x: torch.Tensor, hints: dict, quick: bool) -> list[tuple[str, torch.Tensor]]:
-    g = torch.Generator().manual_seed(1234)
-    shape, d = x.shape, x.shape[-1]
-    out: list[tuple[str, torch.Tensor]] = []
-    for i in range(1 if quick else 3):
-        out.append((f"randn{i}", torch.randn(*shape, generator=g, dtype=x.dtype)))
-    out.append(("ones", torch.ones_like(x)))
-    out.append(("-ones", -torch.ones_like(x)))
-    alt = torch.ones(d, dtype=x.dtype)
-    alt[1::2] = -1
-    out.append(("alternating", alt.expand(shape).clone()))
-    last = torch.zeros_like(x)
-    last.view(-1)[-1] = 1.0
-    out.append(("onehot_last", last))
-    linears = _linears(model, d)
-    if quick and linears:
-        out.append(("null0[:1]", _null_of_rows(linears[0].weight, 1, shape, g)))
-    if not quick:
-        first = torch.zeros_like(x)
-        first.view(-1)[0] = 1.0
-        out.append(("onehot_first", first))
-        out.append(("-onehot_last", -last))
-        out.append(("ones+noise", torch.ones_like(x) + 1e-3 * torch.randn(*shape, generator=g, dtype=x.dtype)))
-        out.append(("rows_equal", torch.randn(*shape[:-1][:1], *([1] * (len(shape) - 2)), d, generator=g, dtype=x.dtype).expand(shape).clone()))
-        for j, lin in enumerate(linears[:2]):
-            for k in (1, min(4, lin.out_features)):
-                out.append((f"null{j}[:{k}]", _null_of_rows(lin.weight, k, shape, g)))
-    for i, t in enumerate(hints.get("directions", lambda m, x: [])(model, x)):
-        out.append((f"hint{i}", t.to(x.dtype)))
-    return [(name, _unit(t)) for name, t in out]
-
-
-def _redraw(scale: float, seed: int) -> Callable[[torch.nn.Module], None]:
-    def apply(model: torch.nn.Module) -> None:
-        g = torch.Generator().manual_seed(seed)
-        for p in model.parameters():
-            p.copy_(scale * torch.randn(p.shape, generator=g, dtype=p.dtype))
-
-    return apply
-
-
-def _negate(model: torch.nn.Module) -> None:
-    for p in model.parameters():
-        p.neg_()
-
-
-def perturbations(hints: dict, quick: bool) -> list[tuple[str, Optional[Callable]]]:
-    out: list[tuple[str, Optional[Callable]]] = [("as built", None), ("redrawn", _redraw(1.0, 7))]
-    if not quick:
-        out += [("negated", _negate), ("redrawn x3", _redraw(3.0, 11))]
-    out += list(hints.get("perturb", {}).items())
-    return out
-
-
-# ------------------------------------------------------------------ measurement
-
-
-def velocity(model: torch.nn.Module, x: torch.Tensor) -> torch.Tensor:
-    out = model(x)
-    if isinstance(out, tuple):
-        out = out[0]
-    return out - x
-
-
-@dataclass
-class Ray:
-    perturbation: str
-    direction: str
-    norms: list[float]  # ||v(s d)|| on the coarse grid SCALES, up to the first non-finite value
-    nonfinite_at: Optional[float]  # the first scale with a non-finite value (or an overflowing norm)
-    tail_slope: Optional[float]  # envelope exponent over TAIL_SCALES (None if something was not finite)
-    max_slope: float  # steepest local slope on the coarse grid's finite prefix
-
-
-def _slopes(norms: list[float], scales: list[float]) -> list[float]:
-    logs = [math.log10(max(n, 1e-300)) for n in norms]
-    return [(logs[i + 1] - logs[i]) / (math.log10(scales[i + 1]) - math.log10(scales[i])) for i in range(len(norms) - 1)]
-
-
-def _norm(model: torch.nn.Module, x: torch.Tensor) -> float:
-    v = velocity(model, x)
-    return v.norm().item() if torch.isfinite(v).all() else math.inf
-
-
-def envelope_slope(norms: list[float], scales: list[float]) -> float:
-    """Least-squares slope of log sup_{t <= s} ||v(t d)|| against log s over [FIT_FROM, 1e6].
-
-    The bound ||v|| <= c |x|^q + b is about this envelope; reading it rather than the
-    raw norms keeps oscillating factors (cos, a polar angle) from faking steep slopes.
-    A velocity that is numerically zero over the window has slope 0; one that switches
-    on inside it is read from where it does.
-    """
-    envelope, top = [], 0.0
-    for n in norms:
-        top = max(top, n)
-        envelope.append(top)
-    points = [(math.log10(s), math.log10(e)) for s, e in zip(scales, envelope) if s >= FIT_FROM * (1 - 1e-9) and e > 0]
-    if len(points) < 8:
-        return 0.0
-    mx = sum(a for a, _ in points) / len(points)
-    my = sum(b for _, b in points) / len(points)
-    return sum((a - mx) * (b - my) for a, b in points) / sum((a - mx) ** 2 for a, _ in points)
-
-
-def _denoise(grid: list[list[float]]) -> list[list[float]]:
-    """Zero the norms that are float64 roundoff: below ROUNDOFF x the largest velocity at that scale.
-
-    A direction along which v vanishes exactly (mean(x) = 0 for alternating signs, say)
-    still returns ~1e-16 x (the magnitudes involved); that noise is no growth of v.
-    """
-    out = [list(row) for row in grid]
-    for j in range(len(grid[0]) if grid else 0):
-        column = [row[j] for row in grid if math.isfinite(row[j])]
-        ref = max(column, default=0.0)
-        for row in out:
-            if math.isfinite(row[j]) and row[j] < ROUNDOFF * ref:
-                row[j] = 0.0
-    return out
-
-
-def measure_rays(model: torch.nn.Module, dirs: list[tuple[str, torch.Tensor]], perturbation: str) -> list[Ray]:
-    """Measure every direction under one parameter setting (the roundoff floor compares them)."""
-    coarse = [[_norm(model, s * d) for s in SCALES] for _, d in dirs]
-    tail = [[_norm(model, s * d) for s in TAIL_SCALES] for _, d in dirs]
-    coarse, tail = _denoise(coarse), _denoise(tail)
-    rays = []
-    for (name, _), c_row, t_row in zip(dirs, coarse, tail):
-        first_bad = next((i for i, n in enumerate(c_row) if not math.isfinite(n)), None)
-        norms = c_row if first_bad is None else c_row[:first_bad]
-        nonfinite_at = None if first_bad is None else SCALES[first_bad]
-        slopes = _slopes(norms, SCALES[: len(norms)]) if all(n > 0 for n in norms) else _onset_slopes(norms)
-        max_slope = max(slopes) if slopes else 0.0
-        slope = None
-        if nonfinite_at is None:
-            bad_tail = next((s for s, n in zip(TAIL_SCALES, t_row) if not math.isfinite(n)), None)
-            if bad_tail is None:
-                slope = envelope_slope(t_row, TAIL_SCALES)
-            else:
-                nonfinite_at = bad_tail
-        rays.append(Ray(perturbation, name, norms, nonfinite_at, slope, max_slope))
-    return rays
-
-
-def _onset_slopes(norms: list[float]) -> list[float]:
-    """Local slopes of a ray that is exactly zero at some scales: only between nonzero neighbours."""
-    scales = SCALES[: len(norms)]
-    return [
-        (math.log10(norms[i + 1]) - math.log10(norms[i])) / (math.log10(scales[i + 1]) - math.log10(scales[i]))
-        for i in range(len(norms) - 1)
-        if norms[i] > 0 and norms[i + 1] > 0
-    ]
-
-
 @dataclass
 class Pole:
     at_pole: float  # ||v(x0)|| (inf / nan allowed)
@@ -352,23 +178,17 @@ def check_case(case: Case, quick: bool = False) -> Result:
     result = Result(case)
     factory = factory_of(case)
     hints = getattr(factory, "truth", {})
-    with torch.no_grad():
-        for pname, perturb in perturbations(hints, quick):
-            model, x = build(factory)
-            if perturb is not None:
-                perturb(model)
-            result.rays.extend(measure_rays(model, directions(model, x, hints, quick), pname))
-        if case.q_true == "pole":
-            if "pole" not in hints:
-                result.reason = "q_true = 'pole' but the factory names no pole input (truth(pole=...))"
-                result.seconds = time.perf_counter() - start
-                return result
+    measured = witness(lambda: build(factory), quick=quick, hints=hints)
+    result.rays = measured.rays
+    if case.q_true == "pole":
+        if "pole" not in hints:
+            result.reason = "q_true = 'pole' but the factory names no pole input (truth(pole=...))"
+            result.seconds = time.perf_counter() - start
+            return result
+        with torch.no_grad():
             model, x = build(factory)
             result.pole = measure_pole(model, x, hints)
-    tails = [r.tail_slope for r in result.rays if r.tail_slope is not None]
-    result.measured = max(tails) if tails else None
-    result.max_prefix_slope = max(r.max_slope for r in result.rays)
-    result.nonfinite = any(r.nonfinite_at is not None for r in result.rays)
+    result.measured, result.max_prefix_slope, result.nonfinite = measured.measured, measured.max_prefix_slope, measured.nonfinite
     _judge(result)
     result.seconds = time.perf_counter() - start
     return result

@@ -12,15 +12,20 @@ growth under scaling.
 from __future__ import annotations
 
 import math
+from fractions import Fraction
 
 import pytest
 import torch
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
+import torch.fx as fx
+
 from qlint.core import domain
 from qlint.core.domain import ANY, Growth, Range
-from qlint.core.ops import Call
+from qlint.core.graph import NodeFacts
+from qlint.core.ops import bind
+from qlint.core.propagate import apply
 from qlint.registry import default
 
 FINITE = st.floats(min_value=-1e3, max_value=1e3, allow_nan=False)
@@ -29,8 +34,8 @@ FINITE = st.floats(min_value=-1e3, max_value=1e3, allow_nan=False)
 @st.composite
 def ranges(draw) -> Range:
     """A range with any mix of finite / infinite ends and strict signs."""
-    lo = draw(st.one_of(st.just(-math.inf), FINITE, st.just(0.0)))
-    hi = draw(st.one_of(st.just(math.inf), FINITE, st.just(0.0)))
+    lo = draw(st.one_of(st.just(-math.inf), FINITE, st.just(0.0))) + 0.0  # + 0.0: no -0.0
+    hi = draw(st.one_of(st.just(math.inf), FINITE, st.just(0.0))) + 0.0
     if lo > hi:
         lo, hi = hi, lo
     pos = lo >= 0 and hi > 0 and draw(st.booleans())
@@ -44,16 +49,19 @@ def sample(r: Range, draw) -> float:
     hi = r.hi if math.isfinite(r.hi) else max(lo, 0.0) + 1e6
     value = draw(st.one_of(st.just(lo), st.just(hi), st.floats(min_value=lo, max_value=hi)))
     if r.pos and value <= 0:
-        value = max(hi * 0.5, 1e-9) if hi > 0 else 1e-9
+        value = hi * 0.5 if hi > 0 else 1e-9
     if r.neg and value >= 0:
-        value = min(lo * 0.5, -1e-9) if lo < 0 else -1e-9
+        value = lo * 0.5 if lo < 0 else -1e-9
     return value
 
 
-def holds(r: Range, value: float) -> bool:
-    if math.isnan(value):
+def holds(r: Range, value) -> bool:
+    """Whether ``value`` (a float, or an exact Fraction: no underflow to 0) is in the range."""
+    if isinstance(value, float) and math.isnan(value):
         return True  # an undefined result is no counterexample to a range (inf - inf)
-    if value < r.lo - 1e-9 * max(1.0, abs(r.lo)) or value > r.hi + 1e-9 * max(1.0, abs(r.hi)):
+    if math.isfinite(r.lo) and value < Fraction(r.lo) - Fraction(1, 10**9) * max(1, abs(Fraction(r.lo))):
+        return False
+    if math.isfinite(r.hi) and value > Fraction(r.hi) + Fraction(1, 10**9) * max(1, abs(Fraction(r.hi))):
         return False
     return not ((r.pos and value <= 0) or (r.neg and value >= 0))
 
@@ -64,7 +72,7 @@ SETTINGS = settings(max_examples=400, deadline=None, suppress_health_check=[Heal
 @SETTINGS
 @given(st.data(), ranges(), ranges())
 def test_sum_and_difference(data, a, b):
-    x, y = sample(a, data.draw), sample(b, data.draw)
+    x, y = Fraction(sample(a, data.draw)), Fraction(sample(b, data.draw))
     assert holds(domain.add(a, b), x + y)
     assert holds(domain.add(a, domain.negate(b)), x - y)  # a - b is a + (-b)
 
@@ -72,7 +80,7 @@ def test_sum_and_difference(data, a, b):
 @SETTINGS
 @given(st.data(), ranges(), ranges())
 def test_product(data, a, b):
-    x, y = sample(a, data.draw), sample(b, data.draw)
+    x, y = Fraction(sample(a, data.draw)), Fraction(sample(b, data.draw))
     assert holds(domain.mul(a, b), x * y)
 
 
@@ -80,9 +88,9 @@ def test_product(data, a, b):
 @given(st.data(), ranges())
 def test_square_abs_exp(data, a):
     x = sample(a, data.draw)
-    assert holds(domain.square(a), x * x)
+    assert holds(domain.square(a), Fraction(x) * Fraction(x))
     assert holds(domain.absolute(a), abs(x))
-    if x < 700:
+    if -700 < x < 700:  # beyond, float64 rounds exp to 0 or inf
         assert holds(domain.exp(a), math.exp(x))
 
 
@@ -160,24 +168,27 @@ def _unary_ops():
     return out
 
 
-class _FakeNode:
-    """What a transfer reads off a node when there is no graph: nothing."""
-
-    target = None
-    args: tuple = ()
-    meta: dict = {}
+def _claim(primitive, fn, facts: Growth) -> Growth:
+    """The engine's own application of the entry to ``fn(x)``: binding, transfer, the
+    check that nothing input-dependent was ignored."""
+    graph = fx.Graph()
+    x = graph.placeholder("x")
+    node = graph.call_function(fn, (x,))
+    info = NodeFacts(label=fn.__name__, primitive=primitive, bound=bind(node, None, dict(primitive.aliases)))
+    claimed = apply(node, info, {x: facts}, training=False)
+    while isinstance(claimed, tuple):
+        claimed = claimed[0]
+    return claimed
 
 
 @pytest.mark.parametrize(("primitive", "fn"), _unary_ops())
 @pytest.mark.parametrize("kind", ["any", "positive", "negative", "zeros"])
 def test_unary_transfer_is_sound(primitive, fn, kind):
+    if fn.__name__.startswith("empty") or "rand" in fn.__name__ or fn.__name__ in ("bernoulli", "normal", "poisson", "multinomial"):
+        pytest.skip("uninitialised memory and samples have no values to compare across calls")
     generator = torch.Generator().manual_seed(0)
     x = _tensor(kind, generator)
-    call = Call(None, {"input": _facts(x, kind)}, {})  # type: ignore[arg-type]
-    call.op = fn.__name__
-    claimed = primitive.transfer(call, primitive)
-    while isinstance(claimed, tuple):
-        claimed = claimed[0]
+    claimed = _claim(primitive, fn, _facts(x, kind))
     result = fn(x)
     while isinstance(result, tuple):
         result = result[0]

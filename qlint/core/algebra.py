@@ -26,12 +26,17 @@ def compose(outer: Exponent, inner: Exponent) -> Exponent:
 
     A bounded inner map (q2 = 0) keeps the composite bounded whatever the outer map
     is, because a continuous map sends a bounded set to a bounded set; this also
-    makes ``exp`` of a bounded argument bounded (inf * 0 is taken as 0).
+    makes ``exp`` of a bounded argument bounded (inf * 0 is taken as 0). A bounded
+    outer map of a super-polynomial inner one is bounded in real arithmetic (paper
+    000, Remark 10), but the inner value overflows every float format first and the
+    bounded map of an overflow is NaN (softmax(inf - inf), LN(inf)): not certified.
     """
     if outer is None or inner is None:
         return None
-    if inner == 0 or outer == 0:
+    if inner == 0:
         return 0.0
+    if outer == 0:
+        return None if math.isinf(inner) else 0.0
     return outer * inner
 
 
@@ -61,12 +66,13 @@ def residual(q: Exponent) -> Exponent:
 
 
 def normalize(q: Exponent) -> Exponent:
-    """q(LN o B) = 0 (Theorem 9(v)), provided B itself is known.
+    """q(LN o B) = 0 (Theorem 9(v)), provided B itself is known and polynomial.
 
     The outer normalization bounds the output whatever B does, but an unknown B is
-    still reported as unknown: qlint certifies only what it can name.
+    still reported as unknown: qlint certifies only what it can name; a
+    super-polynomial B overflows before it is normalised (see :func:`compose`).
     """
-    return None if q is None else 0.0
+    return None if q is None or math.isinf(q) else 0.0
 
 
 def is_certified(q: Exponent, threshold: float = 1.0) -> bool:

@@ -270,7 +270,7 @@ class Growth:
             object.__setattr__(self, "range", self.range.constant())
         elif self.q == 0:
             object.__setattr__(self, "range", replace(self.range, below=True, above=True))
-        elif self.q is not None and self.real is True and self.range.bounded:
+        elif self.known and self.real is True and self.range.bounded:
             object.__setattr__(self, "q", 0.0)  # bounded on both sides for each parameter value: q = 0
 
     @property

@@ -205,6 +205,7 @@ class Call:
         self.positional = positional
         self.op = op_name(node) if node is not None else ""
         self.read: set[str] = set()
+        self.selected: frozenset[str] = frozenset()
 
     # -- reading arguments ---------------------------------------------------------------
 
@@ -238,10 +239,27 @@ class Call:
         """Mark arguments read for their shape, dtype or device only."""
         self.read.update(names)
 
+    def accept_params(self) -> None:
+        """Mark every non-tensor argument read: the transfer's bound holds whatever their
+        values (strides, dims, eps already checked...). Tensor arguments are not touched: each
+        must be read for what it is, or the result is unknown."""
+        self.read.update(name for name, value in self.arguments.items() if not _is_tensor_like(value))
+
+    def selectors(self, *names: str) -> None:
+        """Mark tensor arguments that only select entries (indices, masks, a grid): their
+        values say which entries are taken, never how large they are (an unknown selector
+        leaves the result known)."""
+        self.read.update(names)
+        self.selected = self.selected | frozenset(names)
+
     def growths(self, name: str) -> list[Growth]:
         """Every Growth inside an argument (a list of tensors for cat, stack, ...)."""
         self.read.add(name)
         return list(_growths_in(self.arguments.get(name)))
+
+    def depends_any(self) -> bool:
+        """Whether any argument depends on the input (reads nothing)."""
+        return any(g.depends for g in _growths_in(list(self.arguments.values())))
 
     def every(self) -> list[Growth]:
         """Every Growth among all arguments, marking them read."""

@@ -163,13 +163,13 @@ class GrowthProp(fx.Interpreter):
                 return computed  # the proof squares real entries
             if not x.depends:
                 return computed
-            if x.q is None:
-                return Growth(None, culprit=x.culprit)
+            if not x.known:
+                return Growth(None, culprit=x.culprit or "a normalisation of a value that overflows first")
             r = domain.interval(-relation.bound, relation.bound) if relation.bound is not None else ANY
             return Growth(algebra.normalize(x.q), depends=True, range=r)
         if isinstance(relation, OwnSumRatio):
             x = leading(self.env[relation.numerator])
-            if x.real is True and (x.range.pos or (relation.eps and x.range.nonneg)) and x.q is not None:
+            if x.real is True and (x.range.pos or (relation.eps and x.range.nonneg)) and x.known:
                 return Growth(0.0, depends=x.depends, range=domain.interval(0.0, 1.0))
             return computed
         if isinstance(relation, OwnMaxShift):
@@ -208,9 +208,30 @@ def apply(n: fx.Node, info: NodeFacts, env: Any, training: bool, overrides: Opti
     reason = call.unread(primitive.meta_args, primitive.params if "*" not in primitive.params else frozenset(call.arguments))
     if reason is not None:
         return unknown(reason)
+    if "total" not in primitive.family:
+        poisoned = _unknown_argument(arguments, primitive.meta_args | call.selected)
+        if poisoned is not None and joint(value).q is not None:
+            return Growth(None, culprit=poisoned.culprit)  # an unknown argument is never certified away
     if call.ignored_constants(primitive.meta_args):
         value = _without_ranges(value)
     return value
+
+
+def _unknown_argument(arguments: dict[str, Any], meta: frozenset[str]) -> Optional[Growth]:
+    """A value argument whose growth is unknown (input-dependent or a parameter hazard)."""
+    for name, value in arguments.items():
+        if name in meta:
+            continue
+        for growth in _flatten(value):
+            if isinstance(growth, Growth) and growth.q is None:
+                return growth
+    return None
+
+
+def _flatten(value: Any) -> list[Any]:
+    if isinstance(value, (list, tuple)):
+        return [g for item in value for g in _flatten(item)]
+    return [value]
 
 
 def _without_ranges(value: Value) -> Value:

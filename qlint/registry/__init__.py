@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any, Callable, Iterable, Optional, Union
 
 from qlint.core.domain import ANY, Growth, Range
+from qlint.core.domain import union as domain_union
 
 Value = Union[Growth, tuple]
 Transfer = Callable[..., Value]
@@ -63,6 +64,8 @@ class Primitive:
     def declared_range(self, input_range: Range) -> Range:
         if self.range == "input":
             return input_range
+        if self.range == "input_or_zero":
+            return domain_union(input_range, Range(lo=0.0, hi=0.0))
         if isinstance(self.range, (list, tuple)):
             lo, hi = (float(v) for v in self.range[:2])
             return Range(lo=lo, hi=hi, pos=len(self.range) > 2 and self.range[2] == "open" and lo >= 0)

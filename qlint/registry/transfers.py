@@ -102,6 +102,12 @@ def _scaled(g: Optional[Growth], factor: Any) -> Optional[Growth]:
     return combine_product(g, f, r=domain.mul(_range_of(g), _range_of(f)))
 
 
+def hazard(what: str) -> Growth:
+    """A per-parameter value that is NaN or infinite for some parameter values (the sqrt or
+    log of a parameter that may be negative): unknown, and contagious downstream."""
+    return Growth(None, depends=False, culprit=f"{what}: not finite for every parameter value")
+
+
 def _needs_real(x: Growth, what: str) -> Optional[Growth]:
     """Rules derived for real arguments do not hold for complex ones."""
     if x.real is False and x.depends:
@@ -159,8 +165,8 @@ def select(call: Call, entry: Any) -> Any:
     call.meta(*entry.meta_args)
     source = call.value("input")
     index = call.value("index") if call.has("index") else None
-    for name in call.arguments:
-        call.value(name)
+    call.selectors("index", "indices", "mask", "repeats", "shifts", "offsets", "sorted_sequence")
+    call.accept_params()
     if isinstance(source, tuple):  # a tuple-valued op: getitem picks one output
         if _is_number(index) and -len(source) <= int(index) < len(source):
             return source[int(index)]
@@ -186,8 +192,7 @@ def cast(call: Call, entry: Any) -> Any:
             target = value if _is_dtype(value) else target
         if name == "other" and isinstance(value, Growth):
             target = "complex" if value.real is False else target
-    for name in call.arguments:
-        call.value(name)
+    call.accept_params()
     if x is None:
         return CONSTANT
     kind = _dtype_kind(entry.id, target)
@@ -249,8 +254,7 @@ def constructor(call: Call, entry: Any) -> Any:
             g = call.growth(name)
             if g is not None:
                 values.append(g)
-    for name in call.arguments:
-        call.value(name)
+    call.accept_params()
     r = entry.declared_range(ANY)
     if entry.range is None and values and all(v.real is True for v in values):
         r = domain.union(*[v.range for v in values])
@@ -355,6 +359,8 @@ def reciprocal(call: Call, entry: Any) -> Any:
     if x is None:
         return CONSTANT
     if not x.depends:
+        if entry.id == "rsqrt" and not (x.real is True and x.range.nonneg):
+            return hazard("rsqrt of a parameter expression that may be negative")
         return Growth(0.0, depends=False, real=x.real)
     if x.real is not True:
         return unknown(f"{entry.name} of a complex (or unknown-dtype) value")
@@ -401,6 +407,8 @@ def power(call: Call, entry: Any) -> Any:
         return unknown("power with an exponent qlint cannot read")
     p = float(exp_raw)
     if not base.depends:
+        if p != int(p) and not (base.real is True and base.range.nonneg):
+            return hazard(f"x ** {p:g} of a parameter expression that may be negative")
         return Growth(0.0, depends=False, real=base.real)
     if p == 0:
         return Growth(0.0, depends=False, range=domain.point(1.0))
@@ -448,7 +456,7 @@ def _exp_of(a: Growth, culprit: str) -> Growth:
         return Growth(algebra.SUPERPOLYNOMIAL if a.known else None, real=False,
                       culprit=a.culprit if not a.known else "exp of a complex argument (|exp z| = exp(Re z))")
     r = domain.exp(a.range) if a.real is True else ANY
-    if a.q == 0 or (a.real is True and a.range.above):
+    if a.q == 0 or (a.real is True and a.range.above and a.known):  # (a super-polynomial a overflows first)
         return Growth(0.0, range=r, real=a.real)
     if a.q is None:
         return Growth(None, culprit=a.culprit)
@@ -491,11 +499,13 @@ def log(call: Call, entry: Any) -> Any:
     a = call.growth("input")
     if a is None:
         return CONSTANT
+    argument = domain.add(a.range, domain.point(1.0)) if entry.id == "log1p" else a.range
     if not a.depends:
+        if not (a.real is True and argument.pos):
+            return hazard(f"{entry.id} of a parameter expression that may be <= 0")
         return Growth(0.0, depends=False)
     if a.real is not True:
         return unknown(f"{entry.id} of a complex (or unknown-dtype) value")
-    argument = domain.add(a.range, domain.point(1.0)) if entry.id == "log1p" else a.range
     if not argument.floor:
         return unknown(f"{entry.id} of an argument that may approach 0")
     if not a.known:
@@ -602,8 +612,7 @@ def maximum(call: Call, entry: Any) -> Any:
 def where(call: Call, entry: Any) -> Any:
     """where(c, a, b) and masked_fill(x, m, v): each entry is one of the values (the condition
     selects); Theorem 9(ii)."""
-    call.growth("condition")
-    call.growth("mask")
+    call.selectors("condition", "mask")
     values = [g for g in (call.growth("input"), call.growth("other"), call.growth("value"), call.growth("source"))
               if g is not None]
     if entry.id == "where" and call.has("condition"):
@@ -657,13 +666,10 @@ def matmul(call: Call, entry: Any) -> Any:
     operands = [g for name in ("input", "other", "mat1", "mat2", "batch1", "batch2", "vec", "vec1", "vec2", "mat",
                                "tensor", "a", "b", "input1", "input2", "weight")
                 if (g := call.growth(name)) is not None]
-    if call.has("operands"):
-        operands += call.growths("operands")
-    for name in list(call.arguments):
-        if name not in ("equation", "dims", "dims_self", "dims_other", "path", "bias", "beta", "alpha"):
-            call.value(name)
-    call.param("equation")
-    call.value("dims")
+    for name in ("operands", "tensors", "matrices"):
+        if call.has(name):
+            operands += call.growths(name)
+    call.accept_params()
     product = combine_product(*operands)
     if call.op in ("addmm", "baddbmm", "addbmm", "addmv", "addr"):
         bias = call.growth("input")
@@ -681,9 +687,7 @@ def affine(call: Call, entry: Any) -> Any:
     ||W||_op ||x|| + ||b||. With a weight computed from the input the map is bilinear and the
     exponents add (Theorem 9(iii))."""
     call.meta(*entry.meta_args)
-    for name in call.arguments:
-        if name not in ("input", "weight", "bias"):
-            call.value(name)
+    call.accept_params()
     x, weight, bias = call.growth("input"), call.growth("weight"), call.growth("bias")
     product = combine_product(x, weight)
     return combine_max(product, bias) if bias is not None else product
@@ -695,14 +699,12 @@ def embedding(call: Call, entry: Any) -> Any:
     by max_i ||W_i|| (q = 0); a table computed from the input carries its own growth, and
     embedding_bag's per-sample weights multiply."""
     weight = call.growth("weight")
-    call.growth("indices")
-    call.growth("offsets")
+    call.selectors("indices", "offsets")
     psw = call.growth("per_sample_weights")
-    for name in call.arguments:
-        call.value(name)
+    call.accept_params()
     if weight is None:
         return CONSTANT
-    depends = weight.depends or any(g.depends for g in call.every())
+    depends = weight.depends or call.depends_any()
     out = combine_product(Growth(weight.q if weight.depends else 0.0, depends=True, real=weight.real,
                                  culprit=weight.culprit), psw) if psw is not None else \
         Growth(weight.q if weight.depends else 0.0, depends=depends, real=weight.real, culprit=weight.culprit)
@@ -726,7 +728,7 @@ def _normalized(x: Growth, weight: Optional[Growth], bias: Optional[Growth], wha
     wrapper gamma * core + beta then has the exponents of gamma and beta (9(iii), 9(ii))."""
     if not eps_ok:
         return unknown(f"{what} with eps <= 0 (the statistic may vanish)")
-    if x.q is None:
+    if not x.known:  # unknown, or super-polynomial: it overflows before it is normalised
         return Growth(None, culprit=x.culprit)
     if x.real is False:
         return unknown(f"{what} of a complex value")
@@ -745,8 +747,7 @@ def layer_norm(call: Call, entry: Any) -> Any:
     weight, bias = call.growth("weight"), call.growth("bias")
     eps_default = None if call.op in ("rms_norm", "_fused_rms_norm") else 1e-5
     ok = _eps_ok(call, "eps", eps_default)
-    for name in call.arguments:
-        call.value(name)
+    call.accept_params()
     if x is None:
         return CONSTANT
     out = _normalized(x, weight, bias, entry.name, eps_ok=ok)
@@ -797,8 +798,7 @@ def batch_norm(call: Call, entry: Any) -> Any:
     if call.op == "instance_norm":
         training = call.param("use_input_stats", True)
     ok = _eps_ok(call, "eps", 1e-5)
-    for name in call.arguments:
-        call.value(name)
+    call.accept_params()
     if x is None:
         return CONSTANT
     if mean is None and var is None:
@@ -827,8 +827,7 @@ def reduce(call: Call, entry: Any) -> Any:
     sign); max/min/median select an entry; logsumexp <= max|x| + log n. Each is bounded by
     C ||x||."""
     x = call.growth("input")
-    for name in call.arguments:
-        call.value(name)
+    call.accept_params()
     if x is None:
         return CONSTANT
     r = _range_of(x)
@@ -857,8 +856,7 @@ def indexed(call: Call, entry: Any) -> Any:
     """sort / topk / kthvalue / mode / cummax: (values, indices); the values are entries of the
     input, the indices bounded integers."""
     x = call.growth("input")
-    for name in call.arguments:
-        call.value(name)
+    call.accept_params()
     if x is None:
         return CONSTANT
     indices = Growth(0.0, depends=x.depends, range=Range(lo=0.0))
@@ -876,8 +874,7 @@ def norm(call: Call, entry: Any) -> Any:
     for name in ("p", "ord"):
         if call.has(name):
             p = call.value(name)
-    for name in call.arguments:
-        call.value(name)
+    call.accept_params()
     if x is None:
         return CONSTANT
     if isinstance(p, Growth):
@@ -892,8 +889,7 @@ def moment(call: Call, entry: Any) -> Any:
     """var(x) <= mean(x^2) is quadratic (q = 2 q_x); std = sqrt(var) is 1-homogeneous; both >= 0.
     var_mean / std_mean also return the mean (q_x, inside the entries' range)."""
     x = call.growth("input")
-    for name in call.arguments:
-        call.value(name)
+    call.accept_params()
     if x is None:
         return CONSTANT
     if x.real is False:
@@ -914,8 +910,7 @@ def prod(call: Call, entry: Any) -> Any:
     Without shapes k is unknown, and so is the exponent."""
     x = call.growth("input")
     dim = call.param("dim")
-    for name in call.arguments:
-        call.value(name)
+    call.accept_params()
     if x is None or not x.depends:
         return Growth(0.0, depends=False) if x is not None else CONSTANT
     shape = _input_shape(call)
@@ -944,8 +939,7 @@ def _input_shape(call: Call) -> Optional[tuple]:
 def concat(call: Call, entry: Any) -> Any:
     """||cat(a, b)||^2 = ||a||^2 + ||b||^2: the largest exponent dominates (Theorem 9(ii))."""
     parts = call.growths("tensors")
-    for name in call.arguments:
-        call.value(name)
+    call.accept_params()
     if not parts:
         return CONSTANT
     return combine_max(*parts, r=domain.union(*[_range_of(p) for p in parts]))
@@ -958,8 +952,8 @@ def write(call: Call, entry: Any) -> Any:
     data = call.growth("input")
     values = [g for name in ("src", "source", "values", "value") if (g := call.growth(name)) is not None]
     alpha = call.value("alpha", 1)
-    for name in call.arguments:
-        call.value(name)
+    call.selectors("index", "indices", "mask")
+    call.accept_params()
     values = [_scaled(v, alpha) for v in values]
     accumulate = call.op in ("scatter_add", "index_add") or bool(call.param("accumulate", False))
     present = [g for g in [data, *values] if g is not None]
@@ -988,8 +982,7 @@ def bincount(call: Call, entry: Any) -> Any:
     """Counts are bounded by the number of entries (histc, bincount); with weights, each bin is a
     sum of weights: the weights' exponent."""
     weights = call.growth("weights")
-    for name in call.arguments:
-        call.value(name)
+    call.accept_params()
     depends = any(g.depends for g in call.every())
     if weights is not None:
         return combine_max(weights)
@@ -1081,8 +1074,7 @@ def rounding(call: Call, entry: Any) -> Any:
     """floor / ceil / round / trunc move each entry by less than 1: |round(x)| <= |x| + 1;
     frac(x) = x - trunc(x) lies in (-1, 1)."""
     x = call.growth("input")
-    for name in call.arguments:
-        call.value(name)
+    call.accept_params()
     if x is None:
         return CONSTANT
     if x.real is False:
@@ -1162,8 +1154,7 @@ def dropout(call: Call, entry: Any) -> Any:
     (alpha dropout is an affine map with bounded coefficients); the mask is 0 or 1."""
     x = call.growth("input")
     p = _number(call, "p", 0.5)
-    for name in call.arguments:
-        call.value(name)
+    call.accept_params()
     if x is None:
         return CONSTANT
     alpha = "alpha" in call.op
@@ -1185,19 +1176,15 @@ def attention(call: Call, entry: Any) -> Any:
     the mask and the scale are (q = 0), so the output inherits the exponent of V alone and,
     without dropout, stays within V's range. The ATen kernels also return the log-sum-exp of
     the logits (bilinear in Q and K) and bookkeeping."""
-    for name in ("query", "key", "attn_mask", "attn_bias", "scale", "dropout_p", "is_causal", "enable_gqa",
-                 "return_debug_mask", "compute_log_sumexp", "cum_seq_q", "cum_seq_k", "max_q", "max_k",
-                 "philox_seed", "philox_offset", "dropout_mask"):
-        call.value(name)
-    for name in call.arguments:
-        call.value(name)
+    # the logits' inputs: whatever they are, the weights are row-stochastic
+    call.selectors("query", "key", "attn_mask", "attn_bias", "scale", "cum_seq_q", "cum_seq_k", "dropout_mask")
+    call.accept_params()
     value = call.growth("value")
     if value is None:
         return CONSTANT
     dropout_p = call.param("dropout_p", 0.0)
     r = _range_of(value) if (dropout_p in (0, 0.0, None)) else ANY
-    out = Growth(value.q if value.depends else 0.0, depends=value.depends or any(g.depends for g in call.every()),
-                 real=value.real, range=r, culprit=value.culprit)
+    out = Growth(value.q if value.depends else 0.0, depends=call.depends_any(), real=value.real, range=r, culprit=value.culprit)
     if call.op == "scaled_dot_product_attention":
         return out
     query, key = call.growth("query"), call.growth("key")
@@ -1212,13 +1199,16 @@ def mha_functional(call: Call, entry: Any) -> Any:
     enter the row-stochastic weights, so the output is multilinear in the value and the value /
     output projections (parameters, normally). The returned weights are in [0, 1]."""
     value = call.growth("value")
+    static = call.growth("static_v")  # given static values replace the projected ones
+    if static is not None:
+        value = combine_max(value, static)
     weights = [call.growth(n) for n in ("in_proj_weight", "v_proj_weight", "out_proj_weight")]
     biases = [call.growth(n) for n in ("in_proj_bias", "bias_v", "out_proj_bias", "bias_k")]
-    for name in call.arguments:
-        call.value(name)
+    call.selectors("query", "key", "q_proj_weight", "k_proj_weight", "key_padding_mask", "attn_mask", "static_k")
+    call.accept_params()
     side = combine_product(value, *[w for w in weights if w is not None])
     output = combine_max(side, *[b for b in biases if b is not None])
-    depends = output.depends or any(g.depends for g in call.every())
+    depends = call.depends_any()
     output = Growth(output.q, depends=depends, real=output.real, culprit=output.culprit) if depends and not output.depends else output
     return (output, Growth(0.0, depends=depends, range=domain.interval(0, 1)))
 
@@ -1229,9 +1219,9 @@ def mha_module(call: Call, entry: Any) -> Any:
     linear in ``value`` through W_V and W_O (parameters); ``query``/``key``/masks only enter the
     row-stochastic weights."""
     value = call.growth("value")
-    for name in call.arguments:
-        call.value(name)
-    depends = any(g.depends for g in call.every())
+    call.selectors("query", "key", "key_padding_mask", "attn_mask")
+    call.accept_params()
+    depends = call.depends_any()
     if value is None:
         return CONSTANT
     out = Growth(value.q if value.depends else 0.0, depends=depends, real=value.real, culprit=value.culprit)
@@ -1251,8 +1241,7 @@ def recurrent(call: Call, entry: Any) -> Any:
     module = call.module
     x = call.growth("input")
     states = [g for name in ("hx", "h0", "c0", "hidden") for g in call.growths(name)]
-    for name in call.arguments:
-        call.value(name)
+    call.accept_params()
     parameters = [g for g in call.every() if g is not x and g not in states]
     if any(g.depends for g in parameters):
         return unknown(f"{entry.name} with weights computed from the input")
@@ -1304,8 +1293,7 @@ def interpolate(call: Call, entry: Any) -> Any:
     area weights are convex (the range is kept); bicubic weights are not."""
     x = call.growth("input")
     mode = call.param("mode", "nearest")
-    for name in call.arguments:
-        call.value(name)
+    call.accept_params()
     if x is None:
         return CONSTANT
     convex = mode in ("nearest", "nearest-exact", "linear", "bilinear", "trilinear", "area") and "bicubic" not in call.op
@@ -1319,8 +1307,7 @@ def pad(call: Call, entry: Any) -> Any:
     x = call.growth("input")
     mode = call.param("mode", "constant")
     value = call.value("value", 0.0)
-    for name in call.arguments:
-        call.value(name)
+    call.accept_params()
     if x is None:
         return CONSTANT
     if isinstance(value, Growth):
@@ -1335,15 +1322,14 @@ def grid_sample(call: Call, entry: Any) -> Any:
     """Each output entry combines at most 4 (8 in 3-D, 16 bicubic) input entries with weights
     bounded by a constant whatever the grid: bounded by the input alone (the grid selects)."""
     x = call.growth("input")
-    call.growth("grid")
+    call.selectors("grid")
     mode = call.param("mode", call.param("interpolation_mode", "bilinear"))
-    for name in call.arguments:
-        call.value(name)
+    call.accept_params()
     if x is None:
         return CONSTANT
     convex = mode in ("bilinear", "nearest", 0, 1)
     r = domain.union(_range_of(x), domain.point(0.0)) if convex else ANY
-    return Growth(x.q if x.depends else 0.0, depends=x.depends or any(g.depends for g in call.every()), real=x.real, range=r,
+    return Growth(x.q if x.depends else 0.0, depends=x.depends or call.depends_any(), real=x.real, range=r,
                   culprit=x.culprit)
 
 
@@ -1351,8 +1337,7 @@ def grid_sample(call: Call, entry: Any) -> Any:
 def copy(call: Call, entry: Any) -> Any:
     """copy(dst, src) holds src's values broadcast to dst's shape: the bound of src."""
     call.meta("input")
-    for name in call.arguments:
-        call.value(name)
+    call.accept_params()
     src = call.growth("src")
     return src if src is not None else CONSTANT
 
@@ -1385,8 +1370,7 @@ def complex_view(call: Call, entry: Any) -> Any:
     """view_as_real / view_as_complex / real / imag / conj / angle / FFTs: a complex view keeps
     the norm (Plancherel: the DFT is sqrt(n) times unitary); the realness changes."""
     x = call.growth("input")
-    for name in call.arguments:
-        call.value(name)
+    call.accept_params()
     if x is None:
         return CONSTANT
     real = {"real": True, "complex": False}.get(entry.real or "", x.real)
