@@ -108,6 +108,33 @@ def hazard(what: str) -> Growth:
     return Growth(None, depends=False, culprit=f"{what}: not finite for every parameter value")
 
 
+def nonzero_constant(call: Call, name: str) -> bool:
+    """Whether an input-independent divisor is 0 at most on a null set of parameter values.
+
+    It is when its range excludes 0, when it is a nonzero number, or when it is a raw
+    parameter or buffer (through copies and views): a learned value is exactly 0 only on a
+    null set. A parameter *expression* is not trusted (relu(p), clamp(p, 0, 5), LN of a
+    constant are 0 on whole regions of parameter space).
+    """
+    from qlint.core.graph import facts
+
+    growth = call.growth(name)
+    if growth is not None and growth.real is True and (growth.range.pos or growth.range.neg):
+        return True
+    raw = call.value(name)
+    if _is_number(raw):
+        return raw != 0
+    node = call.node
+    bound = facts(node).bound if node is not None and "qlint" in getattr(node, "meta", {}) else None
+    source = bound.arguments.get(name) if bound is not None else None
+    while source is not None and getattr(source, "op", None) in ("call_function", "call_method") and "qlint" in source.meta:
+        info = facts(source)
+        if not ({"plumbing"} & info.family):
+            return False
+        source = info.bound.arguments.get("input") if info.bound is not None else None
+    return getattr(source, "op", None) == "get_attr"
+
+
 def _needs_real(x: Growth, what: str) -> Optional[Growth]:
     """Rules derived for real arguments do not hold for complex ones."""
     if x.real is False and x.depends:
@@ -337,6 +364,8 @@ def div(call: Call, entry: Any) -> Any:
         return unknown("division by an input-dependent value that may approach 0")
     if b.depends and b.real is not True:
         return unknown("division by a complex (or unknown-dtype) value")
+    if not b.depends and inverse is None and not nonzero_constant(call, "other"):
+        return hazard("division by a parameter expression that may be 0")
     if inverse is None:
         r = ANY
     else:
@@ -359,8 +388,10 @@ def reciprocal(call: Call, entry: Any) -> Any:
     if x is None:
         return CONSTANT
     if not x.depends:
-        if entry.id == "rsqrt" and not (x.real is True and x.range.nonneg):
-            return hazard("rsqrt of a parameter expression that may be negative")
+        if entry.id == "rsqrt" and not (x.real is True and x.range.pos):
+            return hazard("rsqrt of a parameter expression that may be <= 0")
+        if not nonzero_constant(call, "input"):
+            return hazard("reciprocal of a parameter expression that may be 0")
         return Growth(0.0, depends=False, real=x.real)
     if x.real is not True:
         return unknown(f"{entry.name} of a complex (or unknown-dtype) value")
@@ -409,6 +440,8 @@ def power(call: Call, entry: Any) -> Any:
     if not base.depends:
         if p != int(p) and not (base.real is True and base.range.nonneg):
             return hazard(f"x ** {p:g} of a parameter expression that may be negative")
+        if p < 0 and not nonzero_constant(call, "input"):
+            return hazard(f"x ** {p:g} of a parameter expression that may be 0")
         return Growth(0.0, depends=False, real=base.real)
     if p == 0:
         return Growth(0.0, depends=False, range=domain.point(1.0))
@@ -651,6 +684,8 @@ def addcmul(call: Call, entry: Any) -> Any:
         inverse = _reciprocal_range(t2) if t2 is not None else None
         if t2 is not None and t2.depends and inverse is None:
             return unknown("addcdiv divides by an input-dependent value that may approach 0")
+        if t2 is not None and not t2.depends and inverse is None and not nonzero_constant(call, "tensor2"):
+            return hazard("addcdiv divides by a parameter expression that may be 0")
         factor = Growth(0.0, depends=t2.depends if t2 else False, range=inverse or ANY)
         product = combine_max(t1, factor, r=domain.mul(_range_of(t1), inverse or ANY))
     else:
@@ -1058,6 +1093,8 @@ def fmod(call: Call, entry: Any) -> Any:
     raw = call.value("other")
     if (_is_number(raw) and raw == 0) or (b.depends and _reciprocal_range(b) is None):
         return unknown(f"{entry.id} by a divisor that may be 0")
+    if not b.depends and _reciprocal_range(b) is None and not nonzero_constant(call, "other"):
+        return hazard(f"{entry.id} by a parameter expression that may be 0")
     if a.real is False or b.real is False:
         return unknown(f"{entry.id} of complex values")
     if entry.id == "remainder":
