@@ -1,4 +1,4 @@
-"""The differential soundness law for minutes (tests/test_differential.py runs 40 examples).
+"""The differential soundness law for minutes (tests/test_differential.py runs 100 examples).
 
     .venv/bin/python bench/differential_long.py --minutes 10
 

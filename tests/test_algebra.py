@@ -27,18 +27,33 @@ def test_composition_multiplies(q1, q2):
     assert algebra.compose(q1, q2) == q1 * q2
 
 
+def at_most(x, y) -> bool:
+    """x <= y where unknown (None) ranks with inf: neither is a polynomial bound, so failing
+    closed (None) is never below a finite answer."""
+    rank = lambda q: math.inf if q is None else q  # noqa: E731
+    return rank(x) <= rank(y)
+
+
 @given(known, known, known)
-def test_composition_is_associative(a, b, c):
+def test_composition_is_associative_where_known(a, b, c):
     left = algebra.compose(algebra.compose(a, b), c)
     right = algebra.compose(a, algebra.compose(b, c))
-    assert left == right or math.isclose(left, right, rel_tol=1e-12)
+    if left is not None and right is not None:
+        assert left == right or math.isclose(left, right, rel_tol=1e-12)
+    else:  # only a bounded map of a super-polynomial value fails closed
+        assert math.inf in (a, b, c) and 0.0 in (a, b, c)
 
 
 @given(known)
 def test_bounded_inner_map_keeps_the_composite_bounded(outer):
     # exp of a bounded argument is bounded: inf * 0 is taken as 0
     assert algebra.compose(outer, 0.0) == 0.0
-    assert algebra.compose(0.0, outer) == 0.0
+
+
+@given(known)
+def test_bounded_outer_map_of_a_super_polynomial_one_fails_closed(inner):
+    # tanh(exp(x)) is bounded in real arithmetic, but exp(x) overflows first: NaN downstream
+    assert algebra.compose(0.0, inner) == (None if math.isinf(inner) else 0.0)
 
 
 @given(st.lists(known, min_size=1, max_size=6))
@@ -71,14 +86,15 @@ def test_residual_wrapping(q):
 
 
 @given(known)
-def test_outer_normalization_annihilates(q):
-    assert algebra.normalize(q) == 0
+def test_outer_normalization_annihilates_polynomial_growth(q):
+    assert algebra.normalize(q) == (None if math.isinf(q) else 0)
 
 
 @given(known, known, known)
 def test_monotone_in_every_argument(a, b, c):
     lo, hi = min(a, b), max(a, b)
-    assert algebra.compose(c, lo) <= algebra.compose(c, hi)
+    assert at_most(algebra.compose(c, lo), algebra.compose(c, hi))
+    assert at_most(algebra.compose(lo, c), algebra.compose(hi, c))
     assert algebra.parallel_sum([lo, c]) <= algebra.parallel_sum([hi, c])
     assert algebra.hadamard([lo, c]) <= algebra.hadamard([hi, c])
 

@@ -11,7 +11,7 @@ from hypothesis import HealthCheck, given, settings
 from qlint.probe.differential import Example, check, examples
 
 
-@settings(max_examples=40, deadline=None, derandomize=True, database=None,
+@settings(max_examples=100, deadline=None, derandomize=True, database=None,
           suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much, HealthCheck.data_too_large])
 @given(examples())
 def test_qlint_never_certifies_what_the_eager_model_contradicts(example):

@@ -49,9 +49,9 @@ def sample(r: Range, draw) -> float:
     hi = r.hi if math.isfinite(r.hi) else max(lo, 0.0) + 1e6
     value = draw(st.one_of(st.just(lo), st.just(hi), st.floats(min_value=lo, max_value=hi)))
     if r.pos and value <= 0:
-        value = hi * 0.5 if hi > 0 else 1e-9
+        value = (hi * 0.5 or hi) if hi > 0 else 1e-9  # hi * 0.5 underflows to 0 for the smallest subnormal
     if r.neg and value >= 0:
-        value = lo * 0.5 if lo < 0 else -1e-9
+        value = (lo * 0.5 or lo) if lo < 0 else -1e-9
     return value
 
 

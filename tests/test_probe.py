@@ -95,7 +95,9 @@ def test_native_mamba_measures_five(native_mamba):
         assert probe.q_measured == pytest.approx(5.0, abs=0.05)
         assert probe.agrees and probe.agreement == "exact" and probe.asymptotic
         assert probe.failed_samples == 0
-        assert len(probe.slopes) == 4 + 3  # random plus single channel, single token, all ones
+        labels = [fit.label for fit in probe.fits]
+        assert labels[:4] == ["random 0", "random 1", "random 2", "random 3"] and len(probe.slopes) == len(labels)
+        assert {"ones", "alternating", "rows_equal", "one entry zero", "single token", "null0[:1]"} <= set(labels)
 
 
 @pytest.mark.parametrize(
@@ -146,6 +148,110 @@ def test_misdeclared_primitive_is_a_violation(tmp_path):
     assert model["soundness_violations"] == [{"block": "Block", "q": 0.0, "q_measured_max": pytest.approx(3.0, abs=0.05)}]
     full = CliRunner(env={"COLUMNS": "200"}).invoke(main, ["probe", f"{module}:build_model", "--directions", "2", "--iterations", "2"])
     assert full.exit_code == 1 and "SOUNDNESS BUG: Block grows like α^3.0" in full.stdout
+
+
+def _probe_json(tmp_path, source: str, *extra: str) -> tuple[int, dict]:
+    module = tmp_path / "witness_case.py"
+    module.write_text("import torch\nfrom torch import nn\nimport qlint\n" + source)
+    result = CliRunner().invoke(main, ["probe", f"{module}:build_model", "--format", "json", "--directions", "2", "--iterations", "2", *extra])
+    assert result.exit_code in (0, 1), result.output
+    return result.exit_code, json.loads(result.stdout)["models"][0]
+
+
+_BLOCK = (
+    "class Block(nn.Module):\n"
+    "    def __init__(self):\n        super().__init__()\n        self.inner = Inner()\n"
+    "    def forward(self, x):\n        return x + self.inner(x)\n"
+    "def build_model():\n    torch.manual_seed(0)\n    return Block(), (torch.randn(2, 3, 6),)\n"
+)
+
+
+def test_overflow_under_a_finite_bound_is_a_violation(tmp_path):
+    """exp declared bounded: the samples overflow to inf; that is a violation, never agreement."""
+    code, model = _probe_json(
+        tmp_path,
+        "class Inner(nn.Module):\n    def forward(self, x):\n        return torch.exp(x)\n"
+        "qlint.register(Inner, q=0, why='deliberately wrong')\n" + _BLOCK,
+    )
+    (block,) = model["blocks"]
+    assert code == 1 and block["q"] == 0.0 and block["agreement"] == "VIOLATION"
+    assert block["nonfinite_samples"] > 0 and block["worst"]["nonfinite_at"] is not None
+
+
+def test_null_space_direction_witnesses_a_gate_that_stops_closing(tmp_path):
+    """x * exp(-(w.x)^2) decays along random directions but is the identity on w's null space."""
+    code, model = _probe_json(
+        tmp_path,
+        "class Inner(nn.Module):\n    def __init__(self):\n        super().__init__()\n        self.w = nn.Linear(6, 1, bias=False)\n"
+        "    def forward(self, x):\n        return x * torch.exp(-self.w(x) ** 2)\n"
+        "qlint.register(Inner, q=0, why='deliberately wrong: bounded only off the null space of w')\n" + _BLOCK,
+        "--no-perturb",
+    )
+    (block,) = model["blocks"]
+    assert code == 1 and block["agreement"] == "VIOLATION"
+    assert block["directions"]["random 0"] is None  # v -> 0: no power law along a random direction
+    assert block["directions"]["null0[:1]"] == pytest.approx(1.0, abs=0.05)
+    assert block["worst"]["direction"].startswith("null0")
+
+
+def test_parameter_perturbation_witnesses_a_zero_initialised_branch(tmp_path):
+    """g * x with g = 0 at init declared bounded: as built v = 0; redrawn, v grows linearly."""
+    source = (
+        "class Inner(nn.Module):\n    def __init__(self):\n        super().__init__()\n        self.g = nn.Parameter(torch.zeros(6))\n"
+        "    def forward(self, x):\n        return self.g * x\n"
+        "qlint.register(Inner, q=0, why='deliberately wrong: zero only at init')\n" + _BLOCK
+    )
+    code, model = _probe_json(tmp_path, source)
+    (block,) = model["blocks"]
+    assert code == 1 and block["agreement"] == "VIOLATION"
+    assert block["perturbations"]["redrawn"] == pytest.approx(1.0, abs=0.05)
+    assert "as built" not in block["perturbations"]  # v = 0 everywhere: no slope as built
+    assert block["eager_module"] == ""  # the root module is the block; `inner` returns the update alone
+    code, model = _probe_json(tmp_path, source, "--no-perturb")
+    assert code == 0 and model["blocks"][0]["agreement"] == "n/a"
+
+
+_DISGUISED = (
+    "def tracing():\n    return torch.fx._symbolic_trace.is_fx_tracing() or torch.compiler.is_exporting()\n"
+    "class Block(nn.Module):\n"
+    "    def __init__(self):\n        super().__init__()\n        self.w = nn.Linear(6, 6)\n"
+    "    def forward(self, x):\n"
+    "        h = self.w(x)\n"
+    "        if tracing():\n            return x + torch.tanh(h)\n"
+    "        return x + torch.where(h.abs() < 100, torch.tanh(h), h * h)  # the same at unit scale\n"
+    "def build_model():\n    torch.manual_seed(0)\n    return Block(), (torch.randn(2, 3, 6),)\n"
+)
+
+
+def test_the_eager_model_is_probed_not_only_the_graph(tmp_path):
+    """A model that computes something else when traced: the graph says q = 0, the model grows like x^2."""
+    code, model = _probe_json(tmp_path, _DISGUISED, "--no-perturb")
+    (block,) = model["blocks"]
+    assert code == 1 and block["q"] == 0.0 and block["agreement"] == "VIOLATION"
+    assert block["eager_module"] == "" and block["worst"]["source"] == "eager"
+    assert block["perturbations"]["as built (eager)"] == pytest.approx(2.0, abs=0.05)
+    assert block["perturbations"]["as built"] == pytest.approx(0.0, abs=0.05)
+    assert model["graph_mismatches"] == [
+        "with the parameters as built, the traced graph's output differs from the eager model's at inputs scaled by 1000",
+        "with the parameters as built, the traced graph's output differs from the eager model's at inputs scaled by 1e+06",
+    ]
+
+
+def test_graph_mismatch_alone_fails_the_probe(tmp_path):
+    """The eager model has no submodule for the block here, but the scaled comparison still sees it."""
+    source = _DISGUISED.replace("class Block(nn.Module):", "class Inner(nn.Module):").replace(
+        "def build_model():", "class Outer(nn.Module):\n    def __init__(self):\n        super().__init__()\n        self.inner = Inner()\n"
+        "    def forward(self, x):\n        return self.inner(x) * 1.0\ndef build_model():"
+    ).replace("return Block()", "return Outer()")
+    result = CliRunner(env={"COLUMNS": "200"}).invoke(main, ["probe", _write(tmp_path, source), "--directions", "1", "--iterations", "2", "--no-perturb"])
+    assert result.exit_code == 1
+    assert "SOUNDNESS BUG: with the parameters as built, the traced graph's output differs" in result.stdout
+
+
+def _write(tmp_path, source: str) -> str:
+    module = tmp_path / "disguised.py"
+    module.write_text("import torch\nfrom torch import nn\n" + source)
+    return f"{module}:build_model"
 
 
 # --- norms and power iteration --------------------------------------------------------

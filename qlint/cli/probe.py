@@ -1,7 +1,8 @@
 """``qlint probe SPEC...``: measure each block's exponent and the stability bounds.
 
-Exit 0 when every measured exponent is within its static bound, 1 when one is not
-(a soundness bug in a rule), 2 when a spec cannot be loaded, traced or probed.
+Exit 0 when every measured exponent is within its static bound, 1 when one is not, a
+sample is inf or nan under a finite bound, or the traced graph stops computing what the
+eager model computes (a soundness bug), 2 when a spec cannot be loaded, traced or probed.
 """
 
 from __future__ import annotations
@@ -20,8 +21,9 @@ from qlint.cli.failures import fail_cleanly
 @click.argument("specs", nargs=-1, metavar="SPEC...")
 @click.option("--format", "--output-format", "output_format", type=click.Choice(["full", "json"]), default="full", show_default=True, help="Report format.")
 @click.option("--seed", type=int, default=0, show_default=True, help="Seed of the random probe directions.")
-@click.option("--directions", type=click.IntRange(min=0), default=8, show_default=True, help="Random directions per block (plus single channel, single token, all ones).")
+@click.option("--directions", type=click.IntRange(min=0), default=8, show_default=True, help="Random directions per block (plus the worst-case ones: constant, alternating, one-hot and equal rows, null spaces of the block's weights).")
 @click.option("--tolerance", type=float, default=0.05, show_default=True, help="Absolute tolerance on exponents.")
+@click.option("--no-perturb", "no_perturb", is_flag=True, help="Measure the parameters as built only (skip the redrawn, negated and scaled-up settings).")
 @click.option("--iterations", type=click.IntRange(min=1), default=20, show_default=True, help="Power iterations for each Jacobian norm L_k.")
 @click.option("--threads", type=click.IntRange(min=0), default=0, help="torch intra-op threads (0: torch's default); 1 is fastest for small models on a busy machine.")
 @click.option("--input-shape", "input_shapes", multiple=True, metavar="2,96,7", help="Shape of an example input when the spec gives none (repeatable).")
@@ -38,6 +40,7 @@ def command(
     directions: int,
     tolerance: float,
     iterations: int,
+    no_perturb: bool,
     threads: int,
     input_shapes: tuple[str, ...],
     input_dtype: str,
@@ -47,8 +50,10 @@ def command(
     show_traceback: bool,
     loop: bool,
 ) -> None:
-    """Evaluate each block's velocity at scaled inputs in float64, fit its growth exponent
-    over the top decades and compare it with the static q; estimate c_k, b_k, L_k and print
+    """Evaluate each block's velocity at scaled inputs in float64, on the traced graph and on
+    the model's own submodule, under the parameters as built and adversarial ones; fit its
+    growth exponent over the top decades and compare it with the static q (an inf or nan
+    sample under a finite q is a violation); estimate c_k, b_k, L_k and print
     the forward (eq. 38) and backward (eq. 39) bounds, the overflow depths per number format
     and initialization diagnostics."""
     with fail_cleanly(show_traceback):
@@ -62,7 +67,7 @@ def command(
         if threads:
             torch.set_num_threads(threads)
         options = Options(mode=mode, tracer=tracer, device=device, input_shapes=input_shapes, input_dtype=input_dtype)
-        settings = ProbeSettings(seed=seed, random_directions=directions, tolerance=tolerance, power_iterations=iterations)
+        settings = ProbeSettings(seed=seed, random_directions=directions, tolerance=tolerance, power_iterations=iterations, perturb=not no_perturb)
         if loop:
             from qlint.probe.loops import main as probe_loops
 
@@ -81,7 +86,7 @@ def command(
         from qlint.probe.render import print_probe
 
         print_probe(results)
-    sys.exit(1 if any(result.violations for result in results) else 0)
+    sys.exit(1 if any(result.unsound for result in results) else 0)
 
 
 @contextlib.contextmanager

@@ -21,6 +21,7 @@ When example inputs exist, the graph is run on them and compared with the eager 
 from __future__ import annotations
 
 import contextlib
+import inspect
 import io
 import logging
 import operator
@@ -159,12 +160,30 @@ def _is_view(node: fx.Node) -> bool:
     return False
 
 
-def _symbolic_trace(model: torch.nn.Module, registry: Any) -> fx.GraphModule:
+def _defaults_beyond(model: torch.nn.Module, inputs: Optional[tuple]) -> Optional[dict[str, Any]]:
+    """The forward parameters the example call ``model(*inputs)`` leaves at their defaults.
+
+    symbolic_trace makes every forward parameter a placeholder, i.e. a model input; a flag
+    like ``is_causal=False`` would then count as input-dependent. The example call fixes
+    them at their defaults, so they are traced as those constants (fx's concrete_args).
+    Without example inputs every parameter stays an input.
+    """
+    if inputs is None:
+        return None
+    parameters = list(inspect.signature(model.forward).parameters.values())
+    return {
+        p.name: p.default
+        for p in parameters[len(inputs) :]
+        if p.default is not inspect.Parameter.empty and p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)
+    } or None
+
+
+def _symbolic_trace(model: torch.nn.Module, registry: Any, inputs: Optional[tuple]) -> fx.GraphModule:
     hooks = forward_hooks(model)
     if hooks is not None:
         raise RuntimeError(f"the model has {hooks}, which symbolic_trace would skip")
     tracer = _Tracer(registry)
-    graph = tracer.trace(model)
+    graph = tracer.trace(model, concrete_args=_defaults_beyond(model, inputs))
     mutation = unsafe_mutation(graph)
     if mutation is not None:
         raise RuntimeError(f"in-place mutation `{mutation.format_node()}` is not visible to symbolic_trace's readers")
@@ -299,7 +318,7 @@ def capture(model: torch.nn.Module, inputs: Optional[tuple], registry: Any = Non
         try:
             with quiet():
                 if name == "symbolic_trace":
-                    module = _symbolic_trace(model, registry)
+                    module = _symbolic_trace(model, registry, inputs)
                 elif name == "export":
                     module = _export(model, inputs)  # type: ignore[arg-type]
                 else:

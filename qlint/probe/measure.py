@@ -17,13 +17,12 @@ adds the initialization diagnostics.
 
 from __future__ import annotations
 
-import collections
 import copy
 import math
 import statistics
 import time
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterable, Optional
+from typing import Any, Callable, Iterable, Iterator, Optional
 
 import torch
 import torch.fx as fx
@@ -33,8 +32,10 @@ from qlint.core.blocks import Block as ResidualBlock
 from qlint.core.engine import Analysis
 from qlint.core.graph import run_cone
 from qlint.core.results import ModelReport, Report
+from qlint.core.trace import tensor_outputs
 from qlint.probe import bounds as probe_bounds
 from qlint.probe import init as probe_init
+from qlint.probe.witness import AS_BUILT, directions, perturbations
 
 TOLERANCE = 0.05  # absolute, on exponents: |measured - static| within it counts as equal
 
@@ -55,6 +56,8 @@ class ProbeSettings:
     fit_decades: int = 2  # the slope is fitted over the top decades only
     tolerance: float = TOLERANCE
     power_iterations: int = 20
+    perturb: bool = True  # also measure under the witness's adversarial parameter values
+    eager_scales: tuple[float, ...] = (1.0, 1e3, 1e6)  # inputs scaled by these: the graph must still be the model
 
     @property
     def alphas(self) -> list[float]:
@@ -198,38 +201,38 @@ class DirectionFit:
     samples: list[tuple[float, Optional[float]]]  # (alpha, log||v(alpha x)||), None = inf/nan
     slope: Optional[float] = None  # least squares over the fit window
     decade_slopes: tuple[float, ...] = ()  # each of the top decades alone
-    failed: list[float] = field(default_factory=list)  # alphas whose velocity was inf or nan (or 0 amid nonzero)
+    failed: list[float] = field(default_factory=list)  # alphas whose velocity was 0 amid nonzero
+    nonfinite: list[float] = field(default_factory=list)  # alphas whose velocity was inf or nan
+    perturbation: str = AS_BUILT  # the parameter values it was measured under
+    source: str = "graph"  # "graph": the traced block; "eager": the model's own submodule
 
 
-def probe_directions(x: torch.Tensor, count: int, seed: int) -> list[tuple[str, torch.Tensor]]:
-    """``count`` random directions plus single channel, single token and all-ones.
+def probe_directions(x: torch.Tensor, weights: list[torch.Tensor], settings: ProbeSettings, seed: int, *, random_count: int) -> list[tuple[str, torch.Tensor]]:
+    """Random directions and the witness's worst cases, each scaled to ||x||.
 
-    Each is scaled to ||x|| so alpha = 1 is the scale of the real trajectory.
+    The worst cases (constant and alternating rows, one entry nonzero or zero, equal rows,
+    one token, the null spaces of the first rows of the block's weight matrices) are
+    where value-dependent safety breaks: a gate sigma(W x) that stops moving, a divisor
+    that vanishes. alpha = 1 is the scale of the real trajectory.
     """
-    generator = torch.Generator().manual_seed(seed)
-    shape = x.shape
-    directions = [(f"random {i}", torch.randn(shape, generator=generator, dtype=torch.float64)) for i in range(count)]
-    if x.dim() >= 1:
-        channel = torch.zeros(shape, dtype=torch.float64)
-        channel[..., 0] = 1.0
-        directions.append(("single channel", channel))
-    if x.dim() >= 2:
-        token = torch.zeros(shape, dtype=torch.float64)
-        token[..., 0, :] = torch.randn(token[..., 0, :].shape, generator=generator, dtype=torch.float64)
-        directions.append(("single token", token))
-    directions.append(("all ones", torch.ones(shape, dtype=torch.float64)))
     scale = float(x.detach().double().norm()) or 1.0
-    return [(label, (d * (scale / float(d.norm()))).to(dtype=x.dtype, device=x.device)) for label, d in directions]
+    found = directions(x.detach().double(), weights, random_count=random_count, quick=False, seed=seed)
+    return [(label.replace("randn", "random "), (d * scale).to(dtype=x.dtype, device=x.device)) for label, d in found]
 
 
-def fit_direction(field_: Callable[[torch.Tensor], torch.Tensor], label: str, x: torch.Tensor, settings: ProbeSettings) -> DirectionFit:
+def fit_direction(
+    field_: Callable[[torch.Tensor], torch.Tensor], label: str, x: torch.Tensor, settings: ProbeSettings, perturbation: str = AS_BUILT, source: str = "graph"
+) -> DirectionFit:
     """Sample ||v(alpha x)|| over the grid and fit the slope over the top decades."""
-    fit = DirectionFit(label, float(x.norm()), [])
+    fit = DirectionFit(label, float(x.norm()), [], perturbation=perturbation, source=source)
     with torch.no_grad():
         for alpha in settings.alphas:
-            logarithm = log_norm(field_(alpha * x))
+            try:
+                logarithm = log_norm(field_(alpha * x))
+            except (ArithmeticError, RuntimeError):  # an op that refuses the value (a singular solve): not finite
+                logarithm = None
             fit.samples.append((alpha, logarithm))
-    fit.failed = [alpha for alpha, logarithm in fit.samples if logarithm is None]
+    fit.nonfinite = [alpha for alpha, logarithm in fit.samples if logarithm is None]
     window = [(math.log(alpha), logarithm) for alpha, logarithm in fit.samples if settings.in_fit_window(alpha)]
     if any(logarithm is None for _, logarithm in window):
         return fit
@@ -280,7 +283,12 @@ def _exp(value: float) -> float:
 
 @dataclass
 class BlockProbe:
-    """The measured exponent of one block and the constants the bounds need."""
+    """The measured exponent of one block and the constants the bounds need.
+
+    ``fits`` holds every (parameter setting, source, direction) measured; the typical
+    exponent ``q_measured`` is the median over the random directions of the traced
+    block as built, the witness ``q_measured_max`` the largest slope of all of them.
+    """
 
     name: str
     q_static: Optional[float]
@@ -290,8 +298,13 @@ class BlockProbe:
     b: Optional[float] = None
     lipschitz: Optional[float] = None
     lipschitz_error: str = ""
+    eager_module: Optional[str] = None  # the model's submodule that computes this block, measured too
     seconds: float = 0.0
     evaluations: int = 0
+
+    @property
+    def typical(self) -> list[DirectionFit]:
+        return [f for f in self.fits if f.perturbation == AS_BUILT and f.source == "graph" and f.label.startswith("random")]
 
     @property
     def slopes(self) -> list[float]:
@@ -299,8 +312,9 @@ class BlockProbe:
 
     @property
     def q_measured(self) -> Optional[float]:
-        """The median slope over the directions."""
-        return statistics.median(self.slopes) if self.slopes else None
+        """The median slope over the random directions as built."""
+        typical = [fit.slope for fit in self.typical if fit.slope is not None]
+        return statistics.median(typical) if typical else None
 
     @property
     def q_measured_max(self) -> Optional[float]:
@@ -308,11 +322,17 @@ class BlockProbe:
 
     @property
     def spread(self) -> Optional[float]:
-        return max(self.slopes) - min(self.slopes) if self.slopes else None
+        typical = [fit.slope for fit in self.typical if fit.slope is not None]
+        return max(typical) - min(typical) if typical else None
 
     @property
     def failed_samples(self) -> int:
-        return sum(len(fit.failed) for fit in self.fits)
+        """Samples with no power law: inf or nan, or zero amid nonzero values."""
+        return sum(len(fit.failed) + len(fit.nonfinite) for fit in self.fits)
+
+    @property
+    def nonfinite_samples(self) -> int:
+        return sum(len(fit.nonfinite) for fit in self.fits)
 
     @property
     def asymptotic(self) -> bool:
@@ -321,28 +341,47 @@ class BlockProbe:
 
     @property
     def agrees(self) -> Optional[bool]:
-        """Every direction grows at most like the static exponent (+ tolerance).
+        """Every sample is finite and grows at most like the static exponent (+ tolerance).
 
         The largest slope is compared, not the median: the static bound must hold in
-        every direction. None when the static exponent is unknown.
+        every direction and for every parameter value. A finite static q with an inf or
+        nan sample is a violation (||v|| <= c||x||^q + b was claimed for every input).
+        None when the static exponent is unknown; True for q = inf (nothing claimed).
         """
         if self.q_static is None:
             return None
-        if math.isinf(self.q_static) or self.q_measured_max is None:
+        if math.isinf(self.q_static):
             return True
-        return self.q_measured_max <= self.q_static + self.tolerance
+        if self.nonfinite_samples:
+            return False
+        return self.q_measured_max is None or self.q_measured_max <= self.q_static + self.tolerance
 
     @property
     def agreement(self) -> str:
         """'exact', 'below' (the bound is not attained), 'VIOLATION' or 'n/a'."""
+        if self.agrees is False:
+            return "VIOLATION"
         if self.agrees is None or self.q_measured_max is None or math.isinf(self.q_static or 0.0):
             return "n/a"
-        if not self.agrees:
-            return "VIOLATION"
         return "exact" if self.q_measured_max >= self.q_static - self.tolerance else "below"
+
+    def worst(self) -> Optional[DirectionFit]:
+        """The fit that witnesses the violation (the first non-finite one, else the steepest)."""
+        broken = [fit for fit in self.fits if fit.nonfinite]
+        if broken:
+            return broken[0]
+        finite = [fit for fit in self.fits if fit.slope is not None]
+        return max(finite, key=lambda fit: fit.slope) if finite else None  # type: ignore[arg-type, return-value]
 
     def to_extra(self) -> dict[str, Any]:
         """The keys merged into the block's JSON."""
+        worst = self.worst()
+        settings: dict[str, Optional[float]] = {}
+        for fit in self.fits:
+            key = fit.perturbation if fit.source == "graph" else f"{fit.perturbation} (eager)"
+            slope = math.inf if fit.nonfinite else fit.slope
+            if slope is not None:
+                settings[key] = max(settings.get(key) or -math.inf, slope)
         return {
             "q_measured": _rounded(self.q_measured),
             "q_measured_max": _rounded(self.q_measured_max),
@@ -350,8 +389,12 @@ class BlockProbe:
             "agrees": self.agrees,
             "agreement": self.agreement,
             "asymptotic": self.asymptotic,
-            "directions": {fit.label: _rounded(fit.slope) for fit in self.fits},
+            "directions": {fit.label: _rounded(fit.slope) for fit in self.fits if fit.perturbation == AS_BUILT and fit.source == "graph"},
+            "perturbations": {key: _rounded(value) for key, value in settings.items()},
+            "eager_module": self.eager_module,
+            "worst": None if worst is None else {"direction": worst.label, "perturbation": worst.perturbation, "source": worst.source, "nonfinite_at": worst.nonfinite[0] if worst.nonfinite else None},
             "failed_samples": self.failed_samples,
+            "nonfinite_samples": self.nonfinite_samples,
             "c": self.c,
             "b": self.b,
             "lipschitz": self.lipschitz,
@@ -361,34 +404,238 @@ class BlockProbe:
 
 
 def _rounded(value: Optional[float]) -> Optional[float]:
-    return None if value is None else round(value, 4) + 0.0  # + 0.0: no "-0.0" in reports
+    if value is None or math.isinf(value):
+        return value
+    return round(value, 4) + 0.0  # + 0.0: no "-0.0" in reports
+
+
+# --- the parameter settings and the eager model ---------------------------------------
+
+
+def _graph_weights(module: fx.GraphModule, residual: ResidualBlock, values: dict) -> list[torch.Tensor]:
+    """The matrices the block reads whose rows have the stream's width (for null-space directions)."""
+    width = values[residual.stream].shape[-1] if values[residual.stream].dim() else 0
+    found: list[torch.Tensor] = []
+    for node in residual.region:
+        candidates = [values.get(arg) for arg in node.all_input_nodes if arg.op == "get_attr"]
+        if node.op == "call_module":
+            candidates += list(module.get_submodule(str(node.target)).parameters())
+        for tensor in candidates:
+            if isinstance(tensor, torch.Tensor) and tensor.dim() == 2 and tensor.is_floating_point():
+                if tensor.shape[-1] == width:
+                    found.append(tensor.detach())
+                elif tensor.shape[0] == width:
+                    found.append(tensor.detach().T)
+    return found
+
+
+@dataclass
+class EagerCall:
+    """One recorded call of a submodule of the eager model that maps a tensor to a tensor of its shape."""
+
+    name: str
+    module: torch.nn.Module
+    args: tuple
+    kwargs: dict
+    output: torch.Tensor
+
+    def velocity(self, x: torch.Tensor) -> torch.Tensor:
+        with torch.random.fork_rng(devices=[x.device] if x.device.type == "cuda" else []):
+            torch.manual_seed(0)
+            out = self.module(x, *self.args[1:], **self.kwargs)
+        return _first_tensor(out) - x
+
+
+def _first_tensor(value: Any) -> Any:
+    if isinstance(value, (tuple, list)) and value:
+        return _first_tensor(value[0])
+    return value
+
+
+def _close(a: Any, b: Any, rtol: float) -> bool:
+    """Same shape, same non-finite entries, and ||a - b|| <= rtol * max(||a||, ||b||) on the rest."""
+    if not (isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor)) or a.shape != b.shape:
+        return False
+    if not (a.is_floating_point() or a.is_complex()):
+        return bool(torch.equal(a, b))
+    a, b = a.detach().to(torch.complex128 if a.is_complex() else torch.float64), b.detach().to(torch.complex128 if b.is_complex() else torch.float64)
+    finite_a, finite_b = torch.isfinite(a), torch.isfinite(b)
+    if not torch.equal(finite_a, finite_b) or not torch.equal(torch.where(finite_a, 0, a).nan_to_num(0.5), torch.where(finite_b, 0, b).nan_to_num(0.5)):
+        return False
+    a, b = torch.where(finite_a, a, 0), torch.where(finite_b, b, 0)
+    return stable_norm(a - b) <= rtol * max(stable_norm(a), stable_norm(b)) + 1e-300
+
+
+class ProbeContext:
+    """The float64 eager model, its traced graph (sharing the parameters' storage) and the settings.
+
+    :meth:`states` yields the parameter settings the witness measures under, each
+    applied in place and undone afterwards: as built, then (unless disabled) the
+    witness's perturbations, which redraw every parameter (zero-initialised ones
+    become nonzero), negate them and scale them up. In each setting it records the
+    trajectory, the calls of the eager submodules, and whether the graph still computes
+    what the eager model computes at scaled inputs (a graph specialised on parameter
+    values, or on the scale of the input, does not).
+    """
+
+    def __init__(self, analysis: Analysis, model: torch.nn.Module, inputs: tuple, settings: ProbeSettings) -> None:
+        self.analysis, self.model, self.inputs, self.settings = analysis, model, inputs, settings
+        self.mismatches: list[str] = []
+
+    def states(self) -> Iterator["ProbeState"]:
+        settings = perturbations({}, quick=False) if self.settings.perturb else [(AS_BUILT, None)]
+        parameters = _distinct(self.model.parameters())
+        saved = [p.detach().clone() for p in parameters]
+        for name, perturb in settings:
+            try:
+                with torch.no_grad():
+                    if perturb is not None:
+                        perturb(self.model)
+                yield self._record(name)
+            finally:
+                with torch.no_grad():
+                    for parameter, value in zip(parameters, saved):
+                        parameter.copy_(value)
+
+    def _record(self, name: str) -> "ProbeState":
+        module = self.analysis.traced.module
+        calls: list[EagerCall] = []
+
+        def keep(submodule: torch.nn.Module, args: tuple, kwargs: dict, output: Any) -> None:
+            out = _first_tensor(output)
+            if args and isinstance(args[0], torch.Tensor) and isinstance(out, torch.Tensor) and out.shape == args[0].shape:
+                calls.append(EagerCall(names[submodule], submodule, args, kwargs, out))
+
+        names = {sub: qualified for qualified, sub in self.model.named_modules()}
+        handles = [sub.register_forward_hook(keep, with_kwargs=True) for sub in names]
+        try:
+            with torch.no_grad(), tensor_outputs(self.model):
+                torch.manual_seed(0)
+                eager = self.model(*self.inputs)
+        finally:
+            for handle in handles:
+                handle.remove()
+        trajectory = Trajectory(module, self.inputs)
+        for alpha in self.settings.eager_scales:
+            scaled = tuple(alpha * x if isinstance(x, torch.Tensor) and x.is_floating_point() else x for x in self.inputs)
+            with torch.no_grad(), tensor_outputs(self.model):
+                torch.manual_seed(0)
+                mine = module(*scaled)
+                torch.manual_seed(0)
+                theirs = eager if alpha == 1.0 else self.model(*scaled)
+            graph_out, eager_out = _tensor_list(mine), _tensor_list(theirs)
+            if len(graph_out) != len(eager_out) or not all(_close(a, b, 1e-6) for a, b in zip(graph_out, eager_out)):
+                self.mismatches.append(f"with the parameters {name}, the traced graph's output differs from the eager model's at inputs scaled by {alpha:g}")
+        return ProbeState(name, trajectory, calls)
+
+
+def _distinct(tensors: Iterable[torch.Tensor]) -> list[torch.Tensor]:
+    seen: set[int] = set()
+    out = []
+    for tensor in tensors:
+        if tensor.data_ptr() not in seen:
+            seen.add(tensor.data_ptr())
+            out.append(tensor)
+    return out
+
+
+def _tensor_list(value: Any) -> list[torch.Tensor]:
+    from torch.utils import _pytree as pytree
+
+    return [leaf for leaf in pytree.tree_leaves(value) if isinstance(leaf, torch.Tensor)]
+
+
+@dataclass
+class ProbeState:
+    """One parameter setting: its recorded trajectory and eager submodule calls."""
+
+    name: str
+    trajectory: Trajectory
+    calls: list[EagerCall]
+
+    def eager_call(self, field_: VelocityField, direction: torch.Tensor) -> Optional[EagerCall]:
+        """The submodule call that is this block: the same velocity on the trajectory and at
+        ``direction`` (the velocity, not the output, is compared: a branch that returns the
+        update without the skip differs by the whole input). Only unit scale is compared:
+        where graph and model part at large scale is what the eager witness is for."""
+        stream, join = field_.stream, self.trajectory.values[field_.block.join]
+        for call in self.calls:
+            if not _same_velocity(call.output - call.args[0], join - stream, stream):
+                continue
+            try:
+                with torch.no_grad():
+                    if _same_velocity(call.velocity(direction), field_(direction), direction):
+                        return call
+            except Exception:  # a submodule that cannot be called on its own: no eager witness
+                continue
+        return None
+
+
+def _same_velocity(a: Any, b: Any, point: torch.Tensor) -> bool:
+    """Equal up to float64 rounding of ``point + v``: ||a - b|| <= 1e-9 (||b|| + ||point||)."""
+    if not (isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor)) or a.shape != b.shape:
+        return False
+    if not (bool(torch.isfinite(a).all()) and bool(torch.isfinite(b).all())):
+        return _close(a, b, 1e-9)
+    return stable_norm(a - b) <= 1e-9 * (stable_norm(b) + stable_norm(point))
+
+
+def _graph_fits(field_: VelocityField, settings: ProbeSettings, seed: int, perturbation: str) -> tuple[list[DirectionFit], list[tuple[str, torch.Tensor]]]:
+    """The traced block's fits along the probe directions, and the directions."""
+    weights = _graph_weights(field_.trajectory.module, field_.block, field_.trajectory.values)
+    random_count = settings.random_directions if perturbation == AS_BUILT else min(2, settings.random_directions)
+    found = probe_directions(field_.stream, weights, settings, seed, random_count=random_count)
+    return [fit_direction(field_, label, d, settings, perturbation) for label, d in found], found
 
 
 def measure_block(trajectory: Trajectory, residual: ResidualBlock, q_static: Optional[float], settings: ProbeSettings, seed: int) -> BlockProbe:
-    """Sample one block's velocity along every probe direction and fit its exponent."""
+    """Sample one traced block's velocity as built along every probe direction and fit its exponent."""
     start = time.perf_counter()
     field_ = VelocityField(trajectory, residual)
-    directions = probe_directions(field_.stream, settings.random_directions, seed)
-    fits = [fit_direction(field_, label, direction, settings) for label, direction in directions]
+    fits, _ = _graph_fits(field_, settings, seed, AS_BUILT)
     probe = BlockProbe(residual.name, q_static, fits, settings.tolerance)
     probe.seconds, probe.evaluations = time.perf_counter() - start, field_.evaluations
     return probe
 
 
-def probe_block(trajectory: Trajectory, residual: ResidualBlock, q_static: Optional[float], settings: ProbeSettings, seed: int) -> BlockProbe:
-    """:func:`measure_block`, then the constants c, b and the Jacobian norm L."""
+def measure_blocks(context: ProbeContext, pairs: list[tuple[ResidualBlock, Optional[float]]]) -> list[BlockProbe]:
+    """Sample every block's velocity, graph and eager, along every direction and parameter setting.
+
+    A block whose input is not finite in a perturbed setting (an earlier layer overflowed)
+    is not measured in that setting: nothing there can be attributed to it.
+    """
+    settings = context.settings
+    probes = [BlockProbe(residual.name, q, [], settings.tolerance) for residual, q in pairs]
+    for state in context.states():
+        for index, ((residual, _), probe) in enumerate(zip(pairs, probes)):
+            start = time.perf_counter()
+            field_ = VelocityField(state.trajectory, residual)
+            if state.name != AS_BUILT and not bool(torch.isfinite(field_.stream).all()):
+                continue
+            fits, found = _graph_fits(field_, settings, settings.seed + index, state.name)
+            probe.fits += fits
+            probe.evaluations += field_.evaluations
+            call = state.eager_call(field_, found[0][1]) if found else None
+            if call is not None:
+                probe.eager_module = probe.eager_module or call.name
+                probe.fits += [fit_direction(call.velocity, label, d, settings, state.name, "eager") for label, d in found]
+                probe.evaluations += len(found) * len(settings.alphas)
+            probe.seconds += time.perf_counter() - start
+    return probes
+
+
+def probe_block(trajectory: Trajectory, residual: ResidualBlock, probe: BlockProbe, settings: ProbeSettings, seed: int) -> None:
+    """The constants c, b and the Jacobian norm L of a measured block, on the trajectory as built."""
     start = time.perf_counter()
-    probe = measure_block(trajectory, residual, q_static, settings, seed)
-    if q_static is not None and math.isfinite(q_static):
-        probe.c, probe.b = estimate_constants(probe.fits, q_static, settings)
+    if probe.q_static is not None and math.isfinite(probe.q_static):
+        probe.c, probe.b = estimate_constants([f for f in probe.fits if f.perturbation == AS_BUILT and f.source == "graph"], probe.q_static, settings)
     field_ = VelocityField(trajectory, residual)
     try:
         probe.lipschitz = operator_norm(field_, field_.stream, settings.power_iterations, seed)
     except (RuntimeError, NotImplementedError) as exc:  # an op torch.func cannot differentiate
         probe.lipschitz_error = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-    probe.seconds = time.perf_counter() - start
+    probe.seconds += time.perf_counter() - start
     probe.evaluations += field_.evaluations
-    return probe
 
 
 # --- whole models ---------------------------------------------------------------------
@@ -403,10 +650,16 @@ class ModelProbe:
     bounds: probe_bounds.StackBounds
     init: probe_init.InitDiagnostics
     seconds: float
+    graph_mismatches: list[str] = field(default_factory=list)  # where the traced graph is not the eager model
 
     @property
     def violations(self) -> list[BlockProbe]:
         return [block for block in self.blocks if block.agrees is False]
+
+    @property
+    def unsound(self) -> bool:
+        """A block outgrew its static exponent, or the graph that was analysed is not the model."""
+        return bool(self.violations or self.graph_mismatches)
 
 
 def as_float64(model: torch.nn.Module, inputs: tuple) -> tuple[torch.nn.Module, tuple]:
@@ -423,21 +676,28 @@ def _require_weights(model: torch.nn.Module, inputs: Optional[tuple]) -> None:
         raise ProbeError("probe needs example inputs: return (model, inputs) from the factory or give --input-shape")
 
 
-def trace_float64(model: torch.nn.Module, inputs: Optional[tuple], *, spec: str, options: Options) -> tuple[Analysis, Trajectory]:
-    """The static analysis of a float64 copy and its recorded forward pass."""
+def float64_context(model: torch.nn.Module, inputs: Optional[tuple], *, spec: str, options: Options, settings: ProbeSettings) -> ProbeContext:
+    """The static analysis of a float64 copy, with the copy itself (the eager witness)."""
     _require_weights(model, inputs)
     model64, inputs64 = as_float64(model, inputs)  # type: ignore[arg-type]
     analysis = run(model64, inputs64, spec=spec, options=options)
-    return analysis, Trajectory(analysis.traced.module, analysis.inputs)  # type: ignore[arg-type]
+    return ProbeContext(analysis, model64, analysis.inputs, settings)  # type: ignore[arg-type]
+
+
+def trace_float64(model: torch.nn.Module, inputs: Optional[tuple], *, spec: str, options: Options) -> tuple[Analysis, Trajectory]:
+    """The static analysis of a float64 copy and its recorded forward pass."""
+    context = float64_context(model, inputs, spec=spec, options=options, settings=ProbeSettings())
+    return context.analysis, Trajectory(context.analysis.traced.module, context.inputs)
+
+
+def _pairs(analysis: Analysis) -> list[tuple[ResidualBlock, Optional[float]]]:
+    return [(residual, block.q) for residual, block in zip(analysis.stream.blocks, analysis.report.blocks)]
 
 
 def measure_model(model: torch.nn.Module, inputs: tuple, settings: ProbeSettings = ProbeSettings()) -> list[BlockProbe]:
-    """Static against measured exponent for every block, nothing else (the soundness property)."""
-    analysis, trajectory = trace_float64(model, inputs, spec=type(model).__name__, options=Options())
-    return [
-        measure_block(trajectory, residual, block.q, settings, settings.seed + index)
-        for index, (residual, block) in enumerate(zip(analysis.stream.blocks, analysis.report.blocks))
-    ]
+    """Static against measured exponent for every block, graph and eager, nothing else."""
+    context = float64_context(model, inputs, spec=type(model).__name__, options=Options(), settings=settings)
+    return measure_blocks(context, _pairs(context.analysis))
 
 
 def probe_model(
@@ -451,19 +711,20 @@ def probe_model(
 ) -> ModelProbe:
     """Trace a float64 copy, probe every block, then the stack bounds and init diagnostics.
 
-    ``on_block(done, total, name)`` is called after each block (the CLI's progress bar).
+    ``on_block(done, total, name)`` is called after each block's constants (the CLI's progress bar).
     """
     start = time.perf_counter()
-    analysis, trajectory = trace_float64(model, inputs, spec=spec, options=options or Options())
-    blocks = []
-    for index, (residual, block) in enumerate(zip(analysis.stream.blocks, analysis.report.blocks)):
-        probe = probe_block(trajectory, residual, block.q, settings, settings.seed + index)
+    context = float64_context(model, inputs, spec=spec, options=options or Options(), settings=settings)
+    analysis = context.analysis
+    blocks = measure_blocks(context, _pairs(analysis))
+    trajectory = Trajectory(analysis.traced.module, context.inputs)
+    for index, (residual, block, probe) in enumerate(zip(analysis.stream.blocks, analysis.report.blocks, blocks)):
+        probe_block(trajectory, residual, probe, settings, settings.seed + index)
         block.extra.update(probe.to_extra())
-        blocks.append(probe)
-        on_block(index + 1, len(analysis.stream.blocks), block.name)
+        on_block(index + 1, len(blocks), block.name)
     bounds = _bounds(analysis, trajectory, blocks)
     init = probe_init.diagnose(analysis, settings.seed)
-    result = ModelProbe(analysis.report, blocks, bounds, init, time.perf_counter() - start)
+    result = ModelProbe(analysis.report, blocks, bounds, init, time.perf_counter() - start, context.mismatches)
     _attach(result)
     return result
 
@@ -490,6 +751,7 @@ def _attach(result: ModelProbe) -> None:
     extra["soundness_violations"] = [
         {"block": block.name, "q": block.q_static, "q_measured_max": _rounded(block.q_measured_max)} for block in result.violations
     ]
+    extra["graph_mismatches"] = list(result.graph_mismatches)
     extra["probe_seconds"] = round(result.seconds, 3)
 
 

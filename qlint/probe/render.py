@@ -56,19 +56,21 @@ def block_notes(blocks: Sequence[BlockProbe]) -> list[Text]:
     if any(not block.asymptotic for block in blocks):
         notes.append(Text("* the last two decades disagree: the slope is not yet asymptotic at the largest scale", style="dim"))
     for block in blocks:
-        if block.failed_samples:
-            notes.append(Text(f"{block.name}: {block.failed_samples} sample(s) gave inf or nan and were left out", style="yellow"))
+        if block.failed_samples and block.agrees is not False:
+            notes.append(Text(f"{block.name}: {block.failed_samples} sample(s) gave inf, nan or an isolated zero and were left out of the fit", style="yellow"))
         if block.lipschitz_error:
             notes.append(Text(f"{block.name}: no Jacobian norm: {block.lipschitz_error}", style="yellow"))
         if block.agrees is False:
-            notes.append(
-                Text(
-                    f"SOUNDNESS BUG: {block.name} grows like α^{block.q_measured_max:.3f} but its static exponent is "
-                    f"q = {format_q(block.q_static)}; a rule in the derivation is unsound, please report it",
-                    style="bold red",
-                )
-            )
+            notes.append(Text(f"SOUNDNESS BUG: {block.name} {_witnessed(block)} but its static exponent is q = {format_q(block.q_static)}; a rule in the derivation is unsound, please report it", style="bold red"))
     return notes
+
+
+def _witnessed(block: BlockProbe) -> str:
+    worst = block.worst()
+    where = "" if worst is None else f" (direction {worst.label}, parameters {worst.perturbation}, {worst.source})"
+    if block.nonfinite_samples and worst is not None:
+        return f"is inf or nan at α = {worst.nonfinite[0]:g}{where}"
+    return f"grows like α^{block.q_measured_max:.3f}{where}"
 
 
 def bounds_text(bounds: StackBounds) -> Text:
@@ -132,11 +134,13 @@ def model_renderable(result: ModelProbe) -> Group:
     if result.blocks:
         parts.append(bounds_text(result.bounds))
         parts.extend(init_tables(result.init))
-    verdict = (
-        Text(f"{len(result.violations)} block(s) grow faster than their static exponent: soundness bug", style="bold red")
-        if result.violations
-        else Text("every measured exponent is within its static bound", style="green")
-    )
+    parts.extend(Text(f"SOUNDNESS BUG: {mismatch}", style="bold red") for mismatch in result.graph_mismatches)
+    if result.violations:
+        verdict = Text(f"{len(result.violations)} block(s) grow faster than their static exponent: soundness bug", style="bold red")
+    elif result.graph_mismatches:
+        verdict = Text("the traced graph is not the eager model: soundness bug", style="bold red")
+    else:
+        verdict = Text("every measured exponent is within its static bound", style="green")
     parts.append(Text(f"{result.report.spec}: probed {len(result.blocks)} blocks in {result.seconds:.1f} s; ").append_text(verdict).append("\n"))
     return Group(*parts)
 

@@ -28,6 +28,7 @@ SCALES = [10.0 ** (k / 2) for k in range(13)]  # 1e0 .. 1e6, half decades: blow-
 TAIL_SCALES = [10.0 ** (3 + k / 16) for k in range(49)]  # 1e3 .. 1e6, 16 a decade: the envelope
 FIT_FROM = 1e4  # the measured exponent is the envelope's slope over [FIT_FROM, 1e6]
 ROUNDOFF = 1e-10  # a velocity below this fraction of the largest one at the same scale is rounding noise
+AS_BUILT = "as built"  # the parameter setting that is no perturbation
 
 
 def _unit(t: torch.Tensor) -> torch.Tensor:
@@ -47,11 +48,15 @@ def _null_of_rows(weight: torch.Tensor, k: int, shape, generator) -> torch.Tenso
     return r - (r @ q) @ q.T
 
 
-def directions(model: torch.nn.Module, x: torch.Tensor, hints: dict, quick: bool) -> list[tuple[str, torch.Tensor]]:
-    g = torch.Generator().manual_seed(1234)
+def directions(x: torch.Tensor, weights: list[torch.Tensor], *, random_count: int, quick: bool, seed: int = 1234) -> list[tuple[str, torch.Tensor]]:
+    """Unit directions that reach the corners: random, constant and alternating rows, one
+    entry nonzero or zero, equal rows, and inputs orthogonal to the first rows of
+    ``weights`` (matrices whose rows have the input's last dimension: where a gate
+    sigma(W x) stops moving). ``quick`` keeps a short list (the differential test)."""
+    g = torch.Generator().manual_seed(seed)
     shape, d = x.shape, x.shape[-1]
     out: list[tuple[str, torch.Tensor]] = []
-    for i in range(1 if quick else 3):
+    for i in range(random_count):
         out.append((f"randn{i}", torch.randn(*shape, generator=g, dtype=x.dtype)))
     out.append(("ones", torch.ones_like(x)))
     out.append(("-ones", -torch.ones_like(x)))
@@ -61,9 +66,8 @@ def directions(model: torch.nn.Module, x: torch.Tensor, hints: dict, quick: bool
     last = torch.zeros_like(x)
     last.view(-1)[-1] = 1.0
     out.append(("onehot_last", last))
-    linears = _linears(model, d)
-    if quick and linears:
-        out.append(("null0[:1]", _null_of_rows(linears[0].weight, 1, shape, g)))
+    if quick and weights:
+        out.append(("null0[:1]", _null_of_rows(weights[0], 1, shape, g)))
     if not quick:
         first = torch.zeros_like(x)
         first.view(-1)[0] = 1.0
@@ -71,12 +75,23 @@ def directions(model: torch.nn.Module, x: torch.Tensor, hints: dict, quick: bool
         out.append(("-onehot_last", -last))
         out.append(("ones+noise", torch.ones_like(x) + 1e-3 * torch.randn(*shape, generator=g, dtype=x.dtype)))
         out.append(("rows_equal", torch.randn(*shape[:-1][:1], *([1] * (len(shape) - 2)), d, generator=g, dtype=x.dtype).expand(shape).clone()))
-        for j, lin in enumerate(linears[:2]):
-            for k in (1, min(4, lin.out_features)):
-                out.append((f"null{j}[:{k}]", _null_of_rows(lin.weight, k, shape, g)))
-    for i, t in enumerate(hints.get("directions", lambda m, x: [])(model, x)):
-        out.append((f"hint{i}", t.to(x.dtype)))
-    return [(name, _unit(t)) for name, t in out]
+        for j, weight in enumerate(weights[:2]):
+            for k in (1, min(4, weight.shape[0])):
+                out.append((f"null{j}[:{k}]", _null_of_rows(weight, k, shape, g)))
+        one_zero = torch.randn(*shape, generator=g, dtype=x.dtype)
+        one_zero[..., 0] = 0.0
+        out.append(("one entry zero", one_zero))
+        if x.dim() >= 2:
+            token = torch.zeros_like(x)
+            token[..., 0, :] = torch.randn(token[..., 0, :].shape, generator=g, dtype=x.dtype)
+            out.append(("single token", token))
+    return [(name, _unit(t)) for name, t in out if t.norm() > 0]
+
+
+def _model_directions(model: torch.nn.Module, x: torch.Tensor, hints: dict, quick: bool) -> list[tuple[str, torch.Tensor]]:
+    weights = [lin.weight for lin in _linears(model, x.shape[-1])]
+    hinted = [(f"hint{i}", _unit(t.to(x.dtype))) for i, t in enumerate(hints.get("directions", lambda m, x: [])(model, x))]
+    return directions(x, weights, random_count=1 if quick else 3, quick=quick) + hinted
 
 
 def _redraw(scale: float, seed: int) -> Callable[[torch.nn.Module], None]:
@@ -94,7 +109,7 @@ def _negate(model: torch.nn.Module) -> None:
 
 
 def perturbations(hints: dict, quick: bool) -> list[tuple[str, Optional[Callable]]]:
-    out: list[tuple[str, Optional[Callable]]] = [("as built", None), ("redrawn", _redraw(1.0, 7))]
+    out: list[tuple[str, Optional[Callable]]] = [(AS_BUILT, None), ("redrawn", _redraw(1.0, 7))]
     if not quick:
         out += [("negated", _negate), ("redrawn x3", _redraw(3.0, 11))]
     out += list(hints.get("perturb", {}).items())
@@ -233,5 +248,5 @@ def witness(build: Callable[[], tuple[torch.nn.Module, torch.Tensor]], *, quick:
             model, x = build()
             if perturb is not None:
                 perturb(model)
-            result.rays.extend(measure_rays(model, directions(model, x, hints, quick), name))
+            result.rays.extend(measure_rays(model, _model_directions(model, x, hints, quick), name))
     return result
