@@ -110,7 +110,8 @@ def analyze(model: Any, example_inputs: Optional[tuple] = None, *, spec: Optiona
     >>> assert report.verdict == "certified", report.findings
 
     ``primitives={MyGate: {"q": 0, "why": "output in [0, 1]"}}`` declares opaque modules
-    for this call only (layered on the configuration's ``[tool.qlint.primitives]``).
+    for this call only (layered on the configuration's ``[tool.qlint.primitives]``); a
+    key may also be a class name as the configuration writes it (``"pkg.mod.MyGate"``).
     """
     from qlint.analysis import Options, declarations, run
     from qlint.ci.suppress import apply_suppressions
@@ -118,11 +119,54 @@ def analyze(model: Any, example_inputs: Optional[tuple] = None, *, spec: Optiona
     settings = configure(None, config=config, isolated=isolated, cwd=cwd, **flags)
     name = spec or type(model).__name__
     model_settings = settings.options_for(name)
-    declared = {**declared_in(model, settings.primitives), **declarations(primitives or {})}
+    by_name = {key: _q_and_why(value) for key, value in (primitives or {}).items() if isinstance(key, str)}
+    by_class = {key: value for key, value in (primitives or {}).items() if not isinstance(key, str)}
+    declared = {**declared_in(model, {**settings.primitives, **by_name}), **declarations(by_class)}
     options = Options(mode=model_settings.mode, tracer=model_settings.tracer, threshold=model_settings.threshold,
                       primitives=declared)
     analysis = run(model, example_inputs, spec=name, options=options)
     return apply_suppressions(analysis.report, settings)
 
 
-__all__ = ["analyze", "analyse_configured", "check", "configure", "declared_in", "prepare"]
+def probe(specs: Optional[Sequence[str]] = None, *, config: Union[str, Path, None] = None, isolated: bool = False,
+          overrides: Iterable[str] = (), cwd: Union[str, Path, None] = None, settings: Any = None,
+          on_block: Any = None, **flags: Any) -> list[Any]:
+    """``qlint probe``: each spec (or configured model) probed with its ``[tool.qlint]`` settings
+    and declared primitives, as :func:`check` analyses it (:mod:`qlint.probe.measure`)."""
+    from qlint.probe.measure import ProbeSettings, probe_model
+
+    extra = {"on_block": on_block} if on_block is not None else {}
+    return [
+        probe_model(loaded.model, loaded.inputs, spec=spec, options=options, settings=settings or ProbeSettings(), **extra)
+        for spec, loaded, options in _configured_models(specs, config, isolated, overrides, cwd, flags)
+    ]
+
+
+def probe_loops(specs: Optional[Sequence[str]] = None, *, config: Union[str, Path, None] = None, isolated: bool = False,
+                overrides: Iterable[str] = (), cwd: Union[str, Path, None] = None, settings: Any = None,
+                **flags: Any) -> dict[str, list[Any]]:
+    """``qlint probe --loop``: every looped recurrence of each model iterated to its fixed point (source 003)."""
+    from qlint.probe.loops import LoopSettings
+    from qlint.probe.loops import probe_loops as probe_model_loops
+
+    return {
+        spec: probe_model_loops(loaded.model, loaded.inputs, spec=spec, options=options, settings=settings or LoopSettings())
+        for spec, loaded, options in _configured_models(specs, config, isolated, overrides, cwd, flags)
+    }
+
+
+def _configured_models(specs: Optional[Sequence[str]], config: Any, isolated: bool, overrides: Iterable[str], cwd: Any,
+                       flags: dict[str, Any]) -> Iterable[tuple[str, Any, Any]]:
+    settings = configure(specs, config=config, isolated=isolated, overrides=overrides, cwd=cwd, **flags)
+    if not settings.models:
+        raise ConfigError("no models to probe: give specs, or list them in [tool.qlint] models = [...]")
+    for spec in settings.models:
+        loaded, options = prepare(settings, spec)
+        yield spec, loaded, options
+
+
+def _q_and_why(value: Any) -> tuple[float, str]:
+    return (value.q, value.why) if hasattr(value, "why") else (float(value["q"]), str(value["why"]))
+
+
+__all__ = ["analyze", "analyse_configured", "check", "configure", "declared_in", "prepare", "probe", "probe_loops"]

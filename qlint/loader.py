@@ -11,15 +11,18 @@ from __future__ import annotations
 
 import importlib
 import importlib.util
+import re
 import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Optional, Sequence
 
+from qlint.core.errors import QlintError
+
 DTYPES = ("float32", "float64", "float16", "bfloat16", "int64", "int32")
 
 
-class LoadError(Exception):
+class LoadError(QlintError):
     """The spec could not be turned into a model; the message is one line."""
 
 
@@ -31,18 +34,30 @@ class LoadedModel:
 
 
 def split_spec(spec: str) -> tuple[str, str]:
-    """'a/b.py:build' -> ('a/b.py', 'build'); the attribute defaults to build_model."""
+    """The one spec grammar: ``'a/b.py:build'`` -> ``('a/b.py', 'build')``; ``'a/b.py'`` -> ``('a/b.py', '')``.
+
+    The attribute is what follows the last colon, unless that colon belongs to a Windows
+    drive (``C:\\m.py``) or what follows it is a path; the loader defaults a missing one to
+    ``build_model``.
+    """
     location, sep, attribute = spec.rpartition(":")
-    if not sep or (len(location) == 1 and location.isalpha()):  # no colon, or a Windows drive
-        return spec, "build_model"
-    if not attribute.isidentifier() and not all(part.isidentifier() for part in attribute.split(".")):
-        raise LoadError(f"invalid attribute {attribute!r} in {spec!r}; expected MODULE:ATTRIBUTE")
+    if not sep or not attribute or (len(location) == 1 and location.isalpha()) or "/" in attribute or "\\" in attribute or attribute.endswith(".py"):
+        return spec, ""
     return location, attribute
+
+
+def join_spec(location: str, attribute: str) -> str:
+    return f"{location}:{attribute}" if attribute else location
+
+
+def is_path_spec(location: str) -> bool:
+    """A file (``model.py``, ``pkg/model``) rather than a dotted module name."""
+    return location.endswith(".py") or "/" in location or "\\" in location
 
 
 def import_target(location: str) -> Any:
     """Import a .py file (its folder on sys.path) or a dotted module name."""
-    if location.endswith(".py") or "/" in location or "\\" in location:
+    if is_path_spec(location):
         path = Path(location)
         if not path.is_file():
             raise LoadError(f"no such file: {location}")
@@ -91,6 +106,9 @@ def load(spec: str) -> LoadedModel:
     import torch
 
     location, attribute = split_spec(spec)
+    attribute = attribute or "build_model"
+    if not all(part.isidentifier() for part in attribute.split(".")):
+        raise LoadError(f"invalid attribute {attribute!r} in {spec!r}; expected MODULE:ATTRIBUTE")
     target: Any = import_target(location)
     for part in attribute.split("."):
         if not hasattr(target, part):
@@ -113,14 +131,17 @@ def load(spec: str) -> LoadedModel:
 
 
 def parse_shape(text: str) -> tuple[int, ...]:
-    """'2,96,7' -> (2, 96, 7)."""
-    try:
-        shape = tuple(int(part) for part in text.replace("x", ",").split(",") if part.strip())
-    except ValueError:
-        raise LoadError(f"invalid --input-shape {text!r}; expected comma-separated integers like 2,96,7") from None
-    if not shape or any(d <= 0 for d in shape):
-        raise LoadError(f"invalid --input-shape {text!r}; dimensions must be positive")
-    return shape
+    """The one shape grammar: ``"2,8,7"``, ``"2x8x7"`` or ``"(2, 8, 7)"`` -> ``(2, 8, 7)``; ``"8,"`` is 1-d.
+
+    Raises ValueError; the command line and the configuration say which flag or key.
+    """
+    text = text.strip().strip("()[]").strip()
+    if text.endswith(","):
+        text = text[:-1]
+    parts = [p.strip() for p in re.split(r"[,x]", text)] if text else []
+    if not parts or not all(p.isdigit() and int(p) > 0 for p in parts):
+        raise ValueError(f"invalid shape {text!r}")
+    return tuple(int(p) for p in parts)
 
 
 def make_inputs(shapes: Sequence[str], dtype: str = "float32", device: str = "cpu") -> tuple:
@@ -132,7 +153,10 @@ def make_inputs(shapes: Sequence[str], dtype: str = "float32", device: str = "cp
     torch_dtype = getattr(torch, dtype)
     tensors = []
     for text in shapes:
-        shape = parse_shape(text)
+        try:
+            shape = parse_shape(text)
+        except ValueError:
+            raise LoadError(f"invalid --input-shape {text!r}; expected comma-separated positive integers like 2,96,7") from None
         if torch_dtype.is_floating_point:
             tensors.append(torch.randn(shape, dtype=torch_dtype, device=device))
         else:

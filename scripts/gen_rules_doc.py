@@ -28,7 +28,7 @@ edit by hand. `qlint explain CODE` prints one rule.
 
 def render() -> str:
     """The whole document: an index, then every rule's documentation in code order."""
-    from qlint.lint import rules as load_all
+    from qlint.lint.rule import rules as load_all
 
     rules = load_all()
     index = "".join(f"| [{code}](#{_anchor(rules[code].doc())}) | {rules[code].name} | {rules[code].severity} |\n" for code in sorted(rules))

@@ -7,7 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from qlint.ci.baseline import BaselineError, filter_new, load_baseline, normalize_message, write_baseline
+from qlint.ci.baseline import BaselineError, filter_new, load_baseline, write_baseline
+from qlint.ci.identity import normalize_message
 from qlint.core.results import Finding, ModelReport, Report, Source
 
 

@@ -18,7 +18,7 @@ from qlint.ci.formats import (
     write_output,
 )
 from qlint.core.results import Block, Finding, ModelReport, Report, Source
-from qlint.lint import rules as load_all
+from qlint.lint.rule import rules as load_all
 
 
 @pytest.fixture

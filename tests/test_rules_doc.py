@@ -3,7 +3,7 @@
 import importlib.util
 from pathlib import Path
 
-from qlint.lint import rules as load_all
+from qlint.lint.rule import rules as load_all
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -9,7 +9,7 @@ import pytest
 
 from qlint.ci.config import Config, parse_config
 from qlint.core.results import Block, Finding, ModelReport, Source
-from qlint.lint import rules as load_all
+from qlint.lint.rule import rules as load_all
 from qlint.ci.suppress import apply_suppressions, parse_noqa, scan_source
 
 MODEL = '''\

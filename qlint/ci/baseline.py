@@ -18,59 +18,22 @@ The file is JSON, sorted, one entry per key with a ``count``, easy to review::
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
-import re
 from collections import Counter
 from dataclasses import replace
 from pathlib import Path
 from typing import Any, Optional
 
-from qlint import __version__
-from qlint.ci.config import is_path_spec, split_spec
-from qlint.ci.formats import relative_path
-from qlint.core.results import Finding, Report
+from qlint._version import __version__
+from qlint.ci.identity import Key, finding_key, normalize_message
+from qlint.core.errors import QlintError
+from qlint.core.results import Report
 
 FORMAT_VERSION = 1
 
-Key = tuple[str, str, str, str]  # (model, code, block, fingerprint)
-
-
-class BaselineError(Exception):
+class BaselineError(QlintError):
     """A baseline file that is missing, unreadable or malformed (exit 2)."""
-
-
-_PATH_LINE = re.compile(r"(?P<path>[^\s:'\"()\[\],]*\.py)(?::\d+)+")
-_LINE_WORD = re.compile(r"\b(lines?)\s+\d+(\s*[-–]\s*\d+)?", re.IGNORECASE)
-
-
-def normalize_message(message: str) -> str:
-    """The message without line numbers or folder names, whitespace collapsed.
-
-    ``"x + f(x) at /home/me/pkg/model.py:42"`` -> ``"x + f(x) at model.py"``.
-    """
-    text = _PATH_LINE.sub(lambda m: os.path.basename(m.group("path").replace("\\", "/")), message)
-    text = _LINE_WORD.sub(lambda m: m.group(1).lower(), text)
-    return " ".join(text.split())
-
-
-def fingerprint(message: str) -> str:
-    return hashlib.sha256(normalize_message(message).encode("utf-8")).hexdigest()[:16]
-
-
-def normalize_model_spec(spec: str, root: Optional[Path] = None) -> str:
-    """A file spec's path relative to ``root`` (the baseline's folder), forward slashes."""
-    target, attr = split_spec(spec)
-    if not is_path_spec(target):
-        return spec
-    absolute = os.path.normpath(Path.cwd() / target)
-    rel = relative_path(target, (root or Path.cwd()).resolve()) or absolute.replace(os.sep, "/")
-    return rel + attr
-
-
-def finding_key(spec: str, finding: Finding, root: Optional[Path] = None) -> Key:
-    return (normalize_model_spec(spec, root), finding.code, finding.block or "", fingerprint(finding.message))
 
 
 def _entries(report: Report, root: Path) -> list[dict[str, Any]]:

@@ -25,12 +25,14 @@ import fnmatch
 import math
 import os
 import re
-import tomllib
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Iterable, Mapping, Optional, Sequence
 
+from qlint.core.errors import QlintError
 from qlint.core.results import SEVERITY_RANK
+from qlint.core.toml import tomllib
+from qlint.loader import is_path_spec, join_spec, parse_shape, split_spec
 
 CONFIG_FILES = (".qlint.toml", "qlint.toml", "pyproject.toml")
 FORMATS = ("full", "concise", "json", "sarif", "github", "markdown")
@@ -44,7 +46,7 @@ except ImportError:  # pragma: no cover
 _SELECTOR = re.compile(r"^(ALL|QL[0-9]{0,3})$")
 
 
-class ConfigError(Exception):
+class ConfigError(QlintError):
     """A malformed configuration file or value (the CLI turns it into exit 2)."""
 
 
@@ -523,17 +525,6 @@ def _tracer(value: Any, key: str) -> str:
     return _choice(value, TRACERS, key)
 
 
-def parse_shape(text: str) -> tuple[int, ...]:
-    """``"2,8,7"`` (or ``"2x8x7"``) -> ``(2, 8, 7)``; raises ValueError."""
-    text = text.strip().strip("()[]").strip()
-    if text.endswith(","):  # "8," is a 1-d shape, as in Python
-        text = text[:-1]
-    parts = [p.strip() for p in re.split(r"[,x]", text)] if text else []
-    if not parts or not all(p.isdigit() and int(p) > 0 for p in parts):
-        raise ValueError(f"invalid shape {text!r}")
-    return tuple(int(p) for p in parts)
-
-
 def _cli_shapes(values: Sequence[Any]) -> tuple[tuple[int, ...], ...]:
     out = []
     for item in values:
@@ -576,18 +567,6 @@ def _shapes(value: Any, key: str) -> tuple[tuple[int, ...], ...]:
 # ---------------------------------------------------------------------------
 
 
-def split_spec(spec: str) -> tuple[str, str]:
-    """``"pkg/model.py:build"`` -> ``("pkg/model.py", ":build")`` (rest keeps its colon)."""
-    target, sep, attr = spec.rpartition(":")
-    if not sep or not attr or "/" in attr or "\\" in attr or attr.endswith(".py"):
-        return spec, ""
-    return target, ":" + attr
-
-
-def is_path_spec(target: str) -> bool:
-    return target.endswith(".py") or "/" in target or "\\" in target
-
-
 def normalize_spec(spec: str, base: Path) -> str:
     """Resolve a file spec's path against ``base``; show it relative to the cwd.
 
@@ -607,4 +586,4 @@ def normalize_spec(spec: str, base: Path) -> str:
     except ValueError:  # another drive on Windows
         rel = str(path)
     shown = str(path) if rel.startswith("..") else rel
-    return shown.replace(os.sep, "/") + attr
+    return join_spec(shown.replace(os.sep, "/"), attr)

@@ -22,7 +22,8 @@ from collections import Counter
 from pathlib import Path
 from typing import IO, Any, Optional
 
-from qlint import __version__
+from qlint._version import __version__
+from qlint.ci.identity import finding_key, relative_path
 from qlint.core.algebra import format_q
 from qlint.core.results import Finding, ModelReport, Report, Source
 
@@ -64,28 +65,13 @@ def git_root(start: Optional[Path] = None) -> Path:
     return start
 
 
-def relative_path(file: str, root: Path) -> Optional[str]:
-    """``file`` relative to ``root`` with forward slashes; None if outside it."""
-    path = Path(file)
-    if not path.is_absolute():
-        path = Path.cwd() / path
-    path = Path(os.path.normpath(path))
-    try:
-        rel = os.path.relpath(path, root)
-    except ValueError:
-        return None
-    if rel.startswith(".."):
-        return None
-    return rel.replace(os.sep, "/")
-
-
 def display_path(file: str) -> str:
     """A path as shown to people: relative to the cwd when inside it."""
     return relative_path(file, Path.cwd().resolve()) or file
 
 
 def _rules() -> dict[str, Any]:
-    from qlint.lint import rules
+    from qlint.lint.rule import rules
 
     return rules()
 
@@ -272,7 +258,7 @@ def _rule_descriptor(rule: Any) -> dict[str, Any]:
 
 def _fallback_file(spec: str) -> Optional[str]:
     """The file a model spec names, for findings without a source line."""
-    from qlint.ci.config import is_path_spec, split_spec
+    from qlint.loader import is_path_spec, split_spec
 
     target, _ = split_spec(spec)
     if is_path_spec(target):
@@ -297,8 +283,6 @@ def _physical_location(file: str, line: int, root: Path) -> dict[str, Any]:
 
 def to_sarif(report: Report, root: Optional[Path] = None) -> dict[str, Any]:
     """The report as a SARIF 2.1.0 log (one run) for GitHub code scanning."""
-    from qlint.ci.baseline import finding_key
-
     root = (root or git_root()).resolve()
     catalogue = _rules()
     codes = sorted(set(catalogue) | {f.code for f in report.findings})

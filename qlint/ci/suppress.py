@@ -133,7 +133,7 @@ def apply_suppressions(model_report: ModelReport, config: Optional[Config] = Non
     by a comment, followed by one QL100 (if enabled) per noqa comment on a line qlint
     looked at that suppressed nothing (or named codes that did not fire there).
     """
-    from qlint.lint import rules as all_rules
+    from qlint.lint.rule import rules as all_rules
 
     config = config or Config()
     rules = all_rules()

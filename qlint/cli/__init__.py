@@ -10,7 +10,7 @@ import importlib
 
 import click
 
-from qlint import __version__
+from qlint._version import __version__
 
 # name -> (module in qlint.cli, one-line help shown by ``qlint --help``)
 SUBCOMMANDS: dict[str, tuple[str, str]] = {

@@ -85,35 +85,26 @@ def command(
     Without SPEC, checks the `models` listed in [tool.qlint] (pyproject.toml).
     """
     with fail_cleanly(show_traceback):
-        from qlint.ci.baseline import BaselineError
+        config = _configure(
+            specs, config_args, isolated,
+            select=_codes(select), extend_select=_codes(extend_select), ignore=_codes(ignore),
+            fail_on=fail_on, threshold=threshold, mode=mode, tracer=tracer, device=device,
+            input_dtype=input_dtype, input_shapes=list(input_shapes) or None,
+            output_format=output_format, baseline=baseline,
+        )  # fmt: skip
+        report = _analyse(config, remedies=show_remedies)
+        if write_baseline is not None:
+            from qlint.ci.baseline import write_baseline as write
 
-        try:
-            config = _configure(
-                specs, config_args, isolated,
-                select=_codes(select), extend_select=_codes(extend_select), ignore=_codes(ignore),
-                fail_on=fail_on, threshold=threshold, mode=mode, tracer=tracer, device=device,
-                input_dtype=input_dtype, input_shapes=list(input_shapes) or None,
-                output_format=output_format, baseline=baseline,
-            )  # fmt: skip
-            report = _analyse(config, remedies=show_remedies)
-            if write_baseline is not None:
-                from qlint.ci.baseline import write_baseline as write
+            count = write(report, write_baseline)
+            click.echo(f"qlint: wrote {count} finding(s) to {write_baseline}", err=True)
+        elif config.baseline is not None:
+            from qlint.ci.baseline import filter_new
 
-                count = write(report, write_baseline)
-                click.echo(f"qlint: wrote {count} finding(s) to {write_baseline}", err=True)
-            elif config.baseline is not None:
-                from qlint.ci.baseline import filter_new
+            report = filter_new(report, config.baseline)
+        from qlint.ci.formats import write_output
 
-                report = filter_new(report, config.baseline)
-            from qlint.ci.formats import write_output
-
-            _write(report, config.output_format, output_file, statistics, show_derivation, write_output)
-        except BaselineError as exc:
-            click.echo(f"qlint: error: {exc}", err=True)
-            sys.exit(2)
-        except OSError as exc:  # e.g. -o into a folder that does not exist
-            click.echo(f"qlint: error: {exc.strerror or exc}: {exc.filename or ''}".rstrip(": "), err=True)
-            sys.exit(2)
+        _write(report, config.output_format, output_file, statistics, show_derivation, write_output)
     if exit_zero or write_baseline is not None:
         sys.exit(0)
     sys.exit(1 if any(config.fails(f.severity) for f in report.findings) else 0)

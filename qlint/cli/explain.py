@@ -15,7 +15,7 @@ def command(code: str | None, show_all: bool) -> None:
     from rich.console import Console
     from rich.markdown import Markdown
 
-    from qlint.lint import rules as all_rules
+    from qlint.lint.rule import rules as all_rules
 
     rules = all_rules()
     if show_all:

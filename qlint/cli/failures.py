@@ -1,4 +1,4 @@
-"""Subcommands of the ``qlint`` CLI, one module each, imported on demand."""
+"""How the CLI fails: one line on stderr and exit code 2, never a raw traceback unless asked for."""
 
 from __future__ import annotations
 
@@ -8,32 +8,30 @@ from typing import Iterator
 
 import click
 
+from qlint.core.errors import QlintError
+
 
 @contextlib.contextmanager
 def fail_cleanly(show_traceback: bool = False) -> Iterator[None]:
-    """Turn expected failures into one line on stderr and exit code 2.
+    """Turn failures into ``qlint: error: ...`` and exit code 2.
 
-    Load, trace and configuration errors carry a one-line message; anything else is
-    an internal error, also reported in one line unless ``--traceback`` asks for it.
+    Expected failures (:class:`~qlint.core.errors.QlintError`: load, trace, config,
+    baseline, probe) carry a one-line message; anything else is an internal error,
+    also reported in one line unless ``--traceback`` asks for the traceback.
     """
-    from qlint.loader import LoadError
-    from qlint.core.trace import TraceFailure
-
-    expected: tuple[type[BaseException], ...] = (LoadError, TraceFailure)
-    try:
-        from qlint.ci.config import ConfigError
-
-        expected += (ConfigError,)
-    except ImportError:
-        pass
     try:
         yield
     except (click.exceptions.Exit, click.ClickException, SystemExit, KeyboardInterrupt):
         raise
-    except expected as exc:
+    except QlintError as exc:
         if show_traceback:
             raise
         click.echo(f"qlint: error: {exc}", err=True)
+        sys.exit(2)
+    except OSError as exc:  # e.g. -o into a folder that does not exist
+        if show_traceback:
+            raise
+        click.echo(f"qlint: error: {exc.strerror or exc}: {exc.filename or ''}".rstrip(": "), err=True)
         sys.exit(2)
     except Exception as exc:
         if show_traceback:

@@ -27,10 +27,12 @@ from qlint.cli.failures import fail_cleanly
 @click.option("--iterations", type=click.IntRange(min=1), default=20, show_default=True, help="Power iterations for each Jacobian norm L_k.")
 @click.option("--threads", type=click.IntRange(min=0), default=0, help="torch intra-op threads (0: torch's default); 1 is fastest for small models on a busy machine.")
 @click.option("--input-shape", "input_shapes", multiple=True, metavar="2,96,7", help="Shape of an example input when the spec gives none (repeatable).")
-@click.option("--input-dtype", default="float32", show_default=True, help="dtype of the --input-shape tensors (probed in float64).")
+@click.option("--input-dtype", default=None, help="dtype of the --input-shape tensors (default: float32; probed in float64).")
 @click.option("--mode", type=click.Choice(["train", "eval"]), default=None, help="Probe in this mode (default: the model's own).")
 @click.option("--tracer", type=click.Choice(["symbolic_trace", "export", "make_fx"]), default=None, help="Try this tracer first.")
 @click.option("--device", default=None, help="Build and probe on this device (not `meta`: probing needs weights).")
+@click.option("--config", "config_file", type=click.Path(dir_okay=False), default=None, help="Use this config file instead of discovering pyproject.toml.")
+@click.option("--isolated", is_flag=True, help="Ignore every configuration file.")
 @click.option("--loop", "loop", is_flag=True, help="Instead, iterate each weight-shared loop to its fixed point: residuals, rho_spec(J_G), ||J_G||_2 (source 003).")
 @click.option("--traceback", "show_traceback", is_flag=True, help="Show the Python traceback of a failure.")
 def command(
@@ -43,10 +45,12 @@ def command(
     no_perturb: bool,
     threads: int,
     input_shapes: tuple[str, ...],
-    input_dtype: str,
+    input_dtype: Optional[str],
     mode: Optional[str],
     tracer: Optional[str],
     device: Optional[str],
+    config_file: Optional[str],
+    isolated: bool,
     show_traceback: bool,
     loop: bool,
 ) -> None:
@@ -59,28 +63,26 @@ def command(
     with fail_cleanly(show_traceback):
         import torch
 
-        from qlint.analysis import Options
-        from qlint.probe.measure import ProbeError, ProbeSettings, probe
+        from qlint import api
+        from qlint.probe.measure import ProbeSettings, as_report
 
-        if not specs:
-            raise click.UsageError("give at least one SPEC, e.g. `qlint probe fixtures/mamba.py:native`")
         if threads:
             torch.set_num_threads(threads)
-        options = Options(mode=mode, tracer=tracer, device=device, input_shapes=input_shapes, input_dtype=input_dtype)
-        settings = ProbeSettings(seed=seed, random_directions=directions, tolerance=tolerance, power_iterations=iterations, perturb=not no_perturb)
+        configured = dict(config=config_file, isolated=isolated, mode=mode, tracer=tracer, device=device,
+                          input_shapes=list(input_shapes) or None, input_dtype=input_dtype)
         if loop:
-            from qlint.probe.loops import main as probe_loops
+            from qlint.probe.loops import LoopSettings, as_json, print_loops
 
-            probe_loops(specs, options, seed, output_format)
-        try:
-            with _progress(enabled=output_format == "full" and sys.stderr.isatty()) as on_block:
-                results = probe(specs, options, settings, on_block=on_block)
-        except ProbeError as exc:
-            click.echo(f"qlint: error: {exc}", err=True)
-            sys.exit(2)
+            loops = api.probe_loops(list(specs) or None, settings=LoopSettings(seed=seed), **configured)
+            if output_format == "json":
+                click.echo(json.dumps(as_json(loops), indent=2))
+            else:
+                print_loops(loops)
+            sys.exit(0)
+        settings = ProbeSettings(seed=seed, random_directions=directions, tolerance=tolerance, power_iterations=iterations, perturb=not no_perturb)
+        with _progress(enabled=output_format == "full" and sys.stderr.isatty()) as on_block:
+            results = api.probe(list(specs) or None, settings=settings, on_block=on_block, **configured)
     if output_format == "json":
-        from qlint.probe.measure import as_report
-
         click.echo(json.dumps(as_report(results).to_dict(), indent=2))
     else:
         from qlint.probe.render import print_probe

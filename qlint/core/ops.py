@@ -32,7 +32,7 @@ NEUTRAL = frozenset(
         "dim", "dims", "keepdim", "dtype", "layout", "device", "pin_memory", "memory_format",
         "non_blocking", "copy", "names", "requires_grad", "inplace", "generator", "out",
         "cudnn_enable", "cudnn_enabled", "is_causal", "enable_gqa", "align_corners", "antialias",
-        "recompute_scale_factor", "training", "train", "_stacklevel", "ceil_mode", "count_include_pad",
+        "recompute_scale_factor", "_stacklevel", "ceil_mode", "count_include_pad",
         "return_indices", "stride", "padding", "dilation", "groups", "output_padding", "kernel_size",
         "size", "sizes", "shape", "scale_factor", "mode", "implicit", "sym", "implicit_ok",
     }

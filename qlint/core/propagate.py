@@ -195,6 +195,11 @@ def apply(n: fx.Node, info: NodeFacts, env: Any, training: bool, overrides: Opti
     ``overrides`` replaces named arguments (a block's velocity is its join with the skip
     argument replaced by zero).
     """
+    return run_transfer(n, info, env, training, overrides)[0]
+
+
+def run_transfer(n: fx.Node, info: NodeFacts, env: Any, training: bool, overrides: Optional[dict[str, Value]] = None) -> tuple[Value, Call]:
+    """:func:`apply`, with the :class:`Call` that records what the transfer read (the registry self-check)."""
     primitive = info.primitive
     bound = info.bound
     arguments = {name: fx.node.map_arg(value, lambda node: env[node]) for name, value in bound.arguments.items()}
@@ -204,17 +209,17 @@ def apply(n: fx.Node, info: NodeFacts, env: Any, training: bool, overrides: Opti
     try:
         value = primitive.transfer(call, primitive)
     except (TypeError, ValueError, KeyError, IndexError, AttributeError, ZeroDivisionError, OverflowError) as exc:
-        return unknown(f"the rule for {call.label()} could not read its arguments ({type(exc).__name__}: {exc})")
+        return unknown(f"the rule for {call.label()} could not read its arguments ({type(exc).__name__}: {exc})"), call
     reason = call.unread(primitive.meta_args, primitive.params if "*" not in primitive.params else frozenset(call.arguments))
     if reason is not None:
-        return unknown(reason)
+        return unknown(reason), call
     if "total" not in primitive.family:
         poisoned = _unknown_argument(arguments, primitive.meta_args | call.selected)
         if poisoned is not None and joint(value).q is not None:
-            return Growth(None, culprit=poisoned.culprit)  # an unknown argument is never certified away
+            return Growth(None, culprit=poisoned.culprit), call  # an unknown argument is never certified away
     if call.ignored_constants(primitive.meta_args):
         value = _without_ranges(value)
-    return value
+    return value, call
 
 
 def _unknown_argument(arguments: dict[str, Any], meta: frozenset[str]) -> Optional[Growth]:
@@ -243,4 +248,4 @@ def _without_ranges(value: Value) -> Value:
     return value
 
 
-__all__ = ["GrowthProp", "Value", "apply", "joint", "leading", "tensor_meta"]
+__all__ = ["GrowthProp", "Value", "apply", "joint", "leading", "run_transfer", "tensor_meta"]

@@ -10,7 +10,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Any, Literal, Optional
 
-from qlint import __version__
+from qlint._version import __version__
 from qlint.core.algebra import Exponent
 
 Severity = Literal["error", "warning", "info"]

@@ -33,12 +33,14 @@ from typing import Any, Iterator, Optional, Sequence
 import torch
 import torch.fx as fx
 
+from qlint.core.errors import QlintError
+
 from qlint.core.ops import declared_name
 
 TRACERS = ("symbolic_trace", "export", "make_fx")
 
 
-class TraceFailure(Exception):
+class TraceFailure(QlintError):
     """No tracer gave a faithful graph; the message is one actionable line."""
 
 

@@ -11,7 +11,7 @@ from qlint.core.engine import Analysis, source_of
 from qlint.core.graph import module_path
 from qlint.core.ops import op_name
 from qlint.core.results import Finding
-from qlint.lint import checker, rule
+from qlint.lint.rule import checker, rule
 from qlint.lint.graph_queries import argument, is_normalizer, op
 
 _SOFTMAX = {"softmax", "log_softmax"}

@@ -8,7 +8,7 @@ from typing import Any, Iterable, Union
 from qlint.core.algebra import format_q
 from qlint.core.engine import Analysis, dominant_step
 from qlint.core.results import Block, Finding, Transition
-from qlint.lint import checker, rule
+from qlint.lint.rule import checker, rule
 
 Part = Union[Block, Transition]
 

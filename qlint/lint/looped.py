@@ -19,7 +19,7 @@ from qlint.core.graph import module_path
 from qlint.core.ops import describe
 from qlint.core.propagate import leading
 from qlint.core.results import Finding
-from qlint.lint import checker, rule
+from qlint.lint.rule import checker, rule
 from qlint.lint.graph_queries import argument, carried, common_path, constant_value, op
 
 @dataclass(frozen=True)

@@ -14,7 +14,7 @@ from qlint.core.engine import Analysis, source_of
 from qlint.core.graph import module_path
 from qlint.core.propagate import leading
 from qlint.core.results import Finding
-from qlint.lint import checker, rule
+from qlint.lint.rule import checker, rule
 from qlint.lint.graph_queries import argument, common_path, constant_value, is_normalizer, normalised_input, op, uses_running_stats
 
 DEEP_STACK = 8  # residual blocks (branches) from which an unscaled stack is reported

@@ -30,11 +30,11 @@ from typing import Any, Iterable, Optional
 import torch
 import torch.fx as fx
 
-from qlint.analysis import Options, load_model
+from qlint.analysis import Options
 from qlint.core.engine import Analysis, source_of
 from qlint.core.graph import module_path, run_cone
 from qlint.core.results import Finding
-from qlint.lint import rule
+from qlint.lint.rule import rule
 from qlint.lint.graph_queries import argument, is_normalizer, normalised_input
 from qlint.lint.looped import Loop, cone, find_loops
 from qlint.probe.measure import ProbeError, Trajectory, jvp_power_iteration, operator_norm, stable_norm, trace_float64
@@ -252,16 +252,6 @@ def probe_loops(
     return [probe_loop(analysis, trajectory, loop, settings) for loop in loops]
 
 
-def probe_specs(specs: Iterable[str], options: Optional[Options] = None, settings: LoopSettings = LoopSettings()) -> dict[str, list[LoopProbe]]:
-    """Load each spec and probe its loops (the CLI's entry point)."""
-    options = options or Options()
-    results = {}
-    for spec in specs:
-        loaded = load_model(spec, options)
-        results[spec] = probe_loops(loaded.model, loaded.inputs, spec=spec, options=options, settings=settings)
-    return results
-
-
 def as_json(results: dict[str, list[LoopProbe]]) -> dict[str, Any]:
     return {"models": [{"spec": spec, "loops": [probe.to_dict() for probe in probes]} for spec, probes in results.items()]}
 
@@ -305,22 +295,3 @@ def _rows(probe: LoopProbe) -> list[tuple[str, str]]:
 
 def _fmt(value: Optional[float]) -> str:
     return "—" if value is None or not math.isfinite(value) else f"{value:.4g}"
-
-
-def main(specs: Iterable[str], options: Options, seed: int, output_format: str) -> None:
-    """``qlint probe --loop``: print the measurements (rich or JSON); exit 2 when a spec has no loop."""
-    import json
-    import sys
-
-    import click
-
-    try:
-        results = probe_specs(specs, options, LoopSettings(seed=seed))
-    except ProbeError as exc:
-        click.echo(f"qlint: error: {exc}", err=True)
-        sys.exit(2)
-    if output_format == "json":
-        click.echo(json.dumps(as_json(results), indent=2))
-    else:
-        print_loops(results)
-    sys.exit(0)

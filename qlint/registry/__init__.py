@@ -27,10 +27,7 @@ from qlint.core.domain import union as domain_union
 Value = Union[Growth, tuple]
 Transfer = Callable[..., Value]
 
-try:
-    import tomllib
-except ModuleNotFoundError:  # Python 3.10
-    import tomli as tomllib  # type: ignore[no-redef]
+from qlint.core.toml import tomllib
 
 
 @dataclass(frozen=True)

@@ -564,12 +564,8 @@ def clamp(call: Call, entry: Any) -> Any:
     bounds: 0 for numbers); with one, |out| <= max(|x|, |bound|). An infinite number is no
     bound. Tensor bounds count with their own growth."""
     x = call.growth("input")
-    low_raw = call.value("min") if entry.id != "clamp_max" else None
-    high_raw = call.value("max") if entry.id != "clamp_min" else call.value("max")
-    if entry.id == "clamp_min":
-        low_raw, high_raw = call.value("min"), None
-    if entry.id == "clamp_max":
-        high_raw = call.value("max")
+    low_raw = None if entry.id == "clamp_max" else call.value("min")
+    high_raw = None if entry.id == "clamp_min" else call.value("max")
     if x is None:
         return CONSTANT
     if x.real is False:

@@ -246,7 +246,7 @@ def lint_config(cfg: RunConfig, n_vars: int) -> dict[str, Any]:
     """``qlint.analyze`` on the model of ``cfg`` (once per backbone × variant × depth)."""
     import torch
 
-    import qlint
+    from qlint.api import analyze
     from qlint.verify.train import build_model
 
     torch.manual_seed(0)
@@ -262,7 +262,7 @@ def lint_config(cfg: RunConfig, n_vars: int) -> dict[str, Any]:
     )
     model.eval()
     inputs = (torch.randn(2, cfg.seq_len, n_vars),)
-    report = qlint.analyze(model, inputs)
+    report = analyze(model, inputs)
     q = report.max_q
     return {
         "q": None if q is None or (isinstance(q, float) and math.isinf(q)) else float(q),

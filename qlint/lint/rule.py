@@ -1,0 +1,113 @@
+"""A lint rule: its code, severity, message template, documentation and examples, read from TOML.
+
+Reading needs no torch (``qlint explain``, ``qlint rules`` and config validation are
+instant). Checkers register with :func:`checker` and make findings only through
+``rule(code).finding(...)``.
+"""
+
+from __future__ import annotations
+
+import textwrap
+from dataclasses import dataclass
+from typing import Any, Callable, Iterable, Optional
+
+from qlint.core.results import Finding, Severity, Source
+from qlint.core.toml import tomllib
+from qlint.registry import rules_dir
+
+_FIELDS = {"code", "name", "severity", "summary", "rationale", "example", "remedy", "message", "fires_on", "silent_on",
+           "produced_by", "source"}
+
+
+@dataclass(frozen=True)
+class Rule:
+    """One lint rule: what it checks, why (with the source it rests on), the fix, examples."""
+
+    code: str
+    name: str
+    severity: Severity
+    summary: str
+    rationale: str
+    example: str
+    remedy: str
+    message: str  # a str.format template filled by the checker
+    fires_on: tuple[str, ...] = ()
+    silent_on: tuple[str, ...] = ()
+    produced_by: str = "check"  # "check" (qlint check) or the command that reports it ("probe --loop")
+    source: str = ""
+
+    def finding(self, block: Optional[str] = None, source: Optional[Source] = None, **fields: Any) -> Finding:
+        """A finding of this rule: its code, its severity, its message filled with ``fields``."""
+        return Finding(self.code, self.severity, self.message.format(**fields), block, source)
+
+    def doc(self) -> str:
+        """The rule's documentation as Markdown (``qlint explain``, docs/rules.md)."""
+        return "\n".join(
+            [
+                f"## {self.code} {self.name} ({self.severity})",
+                "",
+                "### What it checks",
+                _dedent(self.summary),
+                "",
+                "### Why",
+                _dedent(self.rationale),
+                "",
+                "### Example",
+                "```python",
+                _dedent(self.example),
+                "```",
+                "",
+                "### Use instead",
+                _dedent(self.remedy),
+                "",
+            ]
+        )
+
+
+def _dedent(text: str) -> str:
+    return textwrap.dedent(text).strip()
+
+
+_RULES: Optional[dict[str, Rule]] = None
+
+
+def rules() -> dict[str, Rule]:
+    """Every rule by code, in code order (read once from rules/checks/*.toml)."""
+    global _RULES
+    if _RULES is None:
+        found: dict[str, Rule] = {}
+        for path in sorted((rules_dir() / "checks").glob("*.toml")):
+            with path.open("rb") as handle:
+                data = tomllib.load(handle)
+            for table in data.get("rule", []):
+                unknown = set(table) - _FIELDS
+                if unknown:
+                    raise ValueError(f"rules/checks/{path.name}: {table.get('code')} has unknown keys {sorted(unknown)}")
+                if table["code"] in found:
+                    raise ValueError(f"rule {table['code']} is defined twice")
+                table = {**table, "source": f"rules/checks/{path.name}"}
+                table["fires_on"] = tuple(table.get("fires_on", ()))
+                table["silent_on"] = tuple(table.get("silent_on", ()))
+                found[table["code"]] = Rule(**table)
+        _RULES = dict(sorted(found.items()))
+    return _RULES
+
+
+def rule(code: str) -> Rule:
+    return rules()[code]
+
+
+Checker = Callable[[Any], Iterable[Finding]]
+CHECKERS: dict[str, Checker] = {}
+
+
+def checker(code: str) -> Callable[[Checker], Checker]:
+    """Register the function ``(analysis) -> findings`` that implements rule ``code``."""
+
+    def register(fn: Checker) -> Checker:
+        if code not in rules():
+            raise ValueError(f"checker for undefined rule {code}")
+        CHECKERS[code] = fn
+        return fn
+
+    return register

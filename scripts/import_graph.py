@@ -1,0 +1,140 @@
+"""The import graph of qlint's own modules: arrows, cycles, and arrows that go up a floor.
+
+    python scripts/import_graph.py            # this checkout
+    python scripts/import_graph.py ROOT       # another checkout (the figures in the note)
+
+Every ``import`` / ``from ... import`` counts, at module level or inside a function
+(a lazy import is still a dependency), except under ``if TYPE_CHECKING:``. ``rules/``
+is scanned too: a Python module there would be a floor of its own. The floors are the
+ones docs/architecture.md draws; tests/test_layering.py asserts zero cycles and no
+upward arrow with :func:`graph` and :func:`violations`.
+"""
+
+from __future__ import annotations
+
+import ast
+import sys
+from pathlib import Path
+
+import networkx as nx
+
+# floor of a module: the longest matching prefix wins; a module may import its own floor or lower
+FLOORS = {
+    "qlint._version": 0,
+    "qlint.core": 0,
+    "qlint.zoo": 0,
+    "qlint.loader": 0,
+    "qlint.registry": 1,
+    "qlint.lint": 2,
+    "qlint.analysis": 3,
+    "qlint.coverage": 3,
+    "qlint.ci": 4,
+    "qlint.probe": 4,
+    "qlint.remedies": 4,
+    "qlint.api": 5,
+    "qlint.verify": 6,
+    "qlint.cli": 7,
+    "qlint.__main__": 7,
+    "qlint": 8,  # the package facade: qlint.check / qlint.analyze / qlint.register, resolved lazily
+}
+
+
+def module_name(root: Path, path: Path) -> str:
+    parts = list(path.relative_to(root).with_suffix("").parts)
+    if parts[-1] == "__init__":
+        parts.pop()
+    return ".".join(parts)
+
+
+def _imports(tree: ast.AST, name: str, is_package: bool) -> set[str]:
+    found: set[str] = set()
+    skip: set[int] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test):
+            skip |= {id(child) for child in ast.walk(node) if child is not node} - {id(child) for orelse in node.orelse for child in ast.walk(orelse)}
+    for node in ast.walk(tree):
+        if id(node) in skip:
+            continue
+        if isinstance(node, ast.Import):
+            found |= {alias.name for alias in node.names}
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                package = name.split(".") if is_package else name.split(".")[:-1]
+                package = package[: len(package) - node.level + 1]
+                base = ".".join(package + ([base] if base else []))
+            found.add(base)
+            found |= {f"{base}.{alias.name}" for alias in node.names}
+    return found
+
+
+def graph(root: Path) -> nx.DiGraph:
+    """Module -> module arrows between qlint's (and rules') own modules."""
+    files = [p for top in ("qlint", "rules") for p in sorted((root / top).rglob("*.py")) if "__pycache__" not in p.parts]
+    modules = {module_name(root, p): p for p in files}
+    g = nx.DiGraph()
+    g.add_nodes_from(modules)
+    for name, path in modules.items():
+        for target in _imports(ast.parse(path.read_text()), name, path.name == "__init__.py"):
+            if target.startswith("qlint.rules") and "qlint.rules" not in modules:  # 0.1 installed rules/ as qlint.rules
+                target = target[len("qlint.") :]
+            if target in modules and target != name:
+                g.add_edge(name, target)
+            elif target.rpartition(".")[0] in modules and target.rpartition(".")[0] != name:
+                g.add_edge(name, target.rpartition(".")[0])  # `from pkg import function`
+    # `from qlint.x import y` where y is a submodule also names the package qlint.x: drop that arrow
+    for name in list(g.nodes):
+        for target in list(g.successors(name)):
+            if any(t.startswith(target + ".") for t in g.successors(name)) and not _names_package_attribute(modules[name], target):
+                g.remove_edge(name, target)
+    return g
+
+
+def _names_package_attribute(path: Path, package: str) -> bool:
+    """Whether the file imports something from the package that is not one of its submodules."""
+    tree = ast.parse(path.read_text())
+    root = path
+    while root.name not in ("qlint", "rules"):
+        root = root.parent
+    base = root.parent
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom) and node.module == package:
+            for alias in node.names:
+                if not (base / Path(*package.split("."), alias.name + ".py")).exists() and not (base / Path(*package.split("."), alias.name)).is_dir():
+                    return True
+        if isinstance(node, ast.Import) and any(alias.name == package for alias in node.names):
+            return True
+    return False
+
+
+def floor(module: str) -> int:
+    matches = [prefix for prefix in FLOORS if module == prefix or module.startswith(prefix + ".")]
+    return FLOORS[max(matches, key=len)] if matches else -1
+
+
+def cycles(g: nx.DiGraph) -> list[list[str]]:
+    """Strongly connected groups of more than one module (each holds at least one cycle)."""
+    return [sorted(c) for c in nx.strongly_connected_components(g) if len(c) > 1]
+
+
+def violations(g: nx.DiGraph) -> list[tuple[str, str]]:
+    """Arrows to a higher floor (or into a module no floor names)."""
+    return sorted((a, b) for a, b in g.edges if floor(a) < 0 or floor(b) < 0 or floor(b) > floor(a))
+
+
+def main(argv: list[str]) -> None:
+    root = Path(argv[1]) if len(argv) > 1 else Path(__file__).resolve().parents[1]
+    g = graph(root)
+    found = cycles(g)
+    print(f"{root}: {g.number_of_nodes()} modules, {g.number_of_edges()} import arrows, {len(found)} cyclic groups "
+          f"({sum(len(c) for c in found)} modules in them), {len(list(nx.simple_cycles(g)))} simple cycles")
+    for group in found:
+        print("  cycle group:", ", ".join(group))
+    upward = violations(g)
+    print(f"  arrows that go up a floor: {len(upward)}")
+    for a, b in upward[:40]:
+        print(f"    {a} (floor {floor(a)}) -> {b} (floor {floor(b)})")
+
+
+if __name__ == "__main__":
+    main(sys.argv)

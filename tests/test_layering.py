@@ -1,0 +1,87 @@
+"""The house has floors: imports only go down, never in a circle, and the top floors stay light.
+
+The floors are those of docs/architecture.md (``scripts/import_graph.py`` holds them):
+core <- registry <- lint <- analysis <- ci / probe / remedies <- api <- verify <- cli.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _import_graph():
+    spec = importlib.util.spec_from_file_location("import_graph", ROOT / "scripts" / "import_graph.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_no_import_cycles_and_no_upward_arrows():
+    tool = _import_graph()
+    g = tool.graph(ROOT)
+    assert g.number_of_edges() > 100  # the scan sees the package (a broken scan would pass vacuously)
+    assert tool.cycles(g) == []
+    assert tool.violations(g) == []
+
+
+def test_every_module_has_a_floor():
+    tool = _import_graph()
+    assert [m for m in tool.graph(ROOT).nodes if tool.floor(m) < 0] == []
+
+
+def test_rules_folder_is_declarative():
+    """rules/ holds the registry and the lint rules as data: no Python module there can import a layer."""
+    assert sorted(p.relative_to(ROOT).as_posix() for p in (ROOT / "rules").rglob("*.py")) == []
+    assert {p.parent.name for p in (ROOT / "rules").rglob("*.toml")} == {"primitives", "checks"}
+
+
+def test_a_plain_checkout_imports_the_pipeline():
+    result = subprocess.run([sys.executable, "-c", "import qlint.analysis, qlint.registry; print(len(qlint.registry.default().primitives))"],
+                            cwd=ROOT, env={"PYTHONPATH": str(ROOT), "PATH": ""}, capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr
+    assert int(result.stdout) > 100
+
+
+_TORCH_FREE = """
+import sys
+from click.testing import CliRunner
+from qlint.cli import main
+results = [CliRunner().invoke(main, args) for args in {args!r}]
+print(json.dumps({{"codes": [r.exit_code for r in results], "torch": "torch" in sys.modules, "out": [r.output for r in results]}}))
+"""
+
+
+@pytest.mark.parametrize(
+    "args, codes",
+    [
+        ([["explain", "QL101"]], [0]),
+        ([["rules"]], [0]),
+        ([["rules", "--json"]], [0]),
+        ([["explain", "QL999"]], [2]),
+    ],
+)
+def test_docs_and_rule_listings_do_not_import_torch(args, codes):
+    result = subprocess.run([sys.executable, "-c", "import json" + _TORCH_FREE.format(args=args)], cwd=ROOT, capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr
+    out = json.loads(result.stdout)
+    assert out["codes"] == codes, out["out"]
+    assert out["torch"] is False
+
+
+def test_config_errors_do_not_import_torch(tmp_path):
+    (tmp_path / "pyproject.toml").write_text('[tool.qlint]\nselect = ["QL1O1"]\n')
+    script = "import json" + _TORCH_FREE.format(args=[["fixtures/toy.py:poly_mlp"]])
+    result = subprocess.run([sys.executable, "-c", f"import os; os.chdir({str(tmp_path)!r})\n" + script], cwd=ROOT, capture_output=True, text=True,
+                            env={"PYTHONPATH": str(ROOT), "PATH": ""})
+    assert result.returncode == 0, result.stderr
+    out = json.loads(result.stdout)
+    assert out["codes"] == [2] and "QL1O1" in out["out"][0], out["out"]
+    assert out["torch"] is False
