@@ -41,7 +41,6 @@ Post = Literal["", "post-norm", "post-activation"]
 # Joins: the op ids (registry entries) that combine their arguments linearly, and the
 # argument that carries a term in each.
 _EXACT = {"add", "sub", "rsub", "addcmul", "addcdiv", "addmm", "write"}
-_NORMS = {"layer_norm", "native_layer_norm", "rms_norm", "_fused_rms_norm", "group_norm", "native_group_norm", "normalize"}
 
 
 @dataclass(frozen=True)
@@ -483,7 +482,7 @@ def _post(block: Block, graph: GraphFacts) -> tuple[Post, Optional[fx.Node]]:
     if owner and owner not in {path for path, _ in module_stack(user)}:
         return "", None
     info = facts(user)
-    if info.op in _NORMS or info.op == "batch_norm":
+    if info.family & {"norm", "batch_norm"}:
         return "post-norm", user
     if info.op == "relu":
         return "post-activation", user
@@ -528,9 +527,6 @@ def _name(blocks: list[Block], root_name: str) -> None:
                 block.name = f"{block.name}#{seen[block.name]}"
 
 
-_WRAPPERS = {"dropout", "view", "copy", "cast", "cast_float"}
-
-
 def _branch_child(block: Block, base: str) -> str:
     """The direct child module of the block's module whose output is the velocity term
     (``attn``, not the ``dropout`` wrapped around it: wrappers are walked back over)."""
@@ -540,9 +536,10 @@ def _branch_child(block: Block, base: str) -> str:
         while node is not None:
             path = module_path(node)
             child = path[len(prefix) :].split(".")[0] if path.startswith(prefix) and len(path) > len(prefix) else ""
-            if child and facts(node).op not in _WRAPPERS:
+            carrier = "carrier" in facts(node).family
+            if child and not carrier:
                 return child
-            source = _arg(node, "input") if facts(node).op in _WRAPPERS else None
+            source = _arg(node, "input") if carrier else None
             node = source if isinstance(source, fx.Node) and source in block.region_set else None
     return ""
 

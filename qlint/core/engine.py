@@ -67,8 +67,8 @@ def analyse(model: torch.nn.Module, inputs: Optional[tuple], traced: TracedGraph
     """The engine's pass over one traced model (block-independent facts are computed once)."""
     module = traced.module
     annotate(module, registry, model)
-    relations.find(module.graph)
     graph = GraphFacts(module, traced.data_inputs)
+    relations.find(graph.nodes)
     prop = GrowthProp(module, graph, training=model.training, assume_real=assume_real)
     base = prop.run_graph()
     stream = find_stream(graph, root_name=type(model).__name__)

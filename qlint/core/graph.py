@@ -65,8 +65,9 @@ def annotate(module: fx.GraphModule, registry: Any, model: Optional[torch.nn.Mod
     ``nn_module_stack`` (so declared classes are found under export too).
     """
     classes = {f"{type(m).__module__}.{type(m).__qualname__}": type(m) for m in (model or module).modules()}
-    regions = _declared_regions(module.graph, registry, classes)
-    for node in module.graph.nodes:
+    nodes = list(module.graph.nodes)
+    regions = _declared_regions(nodes, registry, classes)
+    for node in nodes:
         node.meta["qlint"] = _node_facts(node, module, registry, regions)
 
 
@@ -102,7 +103,7 @@ def _node_facts(node: fx.Node, module: fx.GraphModule, registry: Any, regions: d
                      meta_output=meta_output)
 
 
-def _declared_regions(graph: fx.Graph, registry: Any, classes: dict[str, type]) -> dict[fx.Node, tuple[Any, tuple, str]]:
+def _declared_regions(nodes: list[fx.Node], registry: Any, classes: dict[str, type]) -> dict[fx.Node, tuple[Any, tuple, str]]:
     """Opaque-leaf semantics where module boundaries vanish (torch.export inlines modules).
 
     The ops whose ``nn_module_stack`` holds a call of a declared class form its region;
@@ -110,7 +111,7 @@ def _declared_regions(graph: fx.Graph, registry: Any, classes: dict[str, type]) 
     """
     members: dict[str, list[fx.Node]] = {}
     declarations: dict[str, tuple[Any, str]] = {}
-    for node in graph.nodes:
+    for node in nodes:
         if node.op not in ("call_function", "call_method"):
             continue
         for key, (_, cls) in (node.meta.get("nn_module_stack") or {}).items():
@@ -164,6 +165,36 @@ class GraphFacts:
         self._index = {node: i for i, node in enumerate(n for n in self.nodes if n in self.data)}
         self._ancestors: Optional[dict[fx.Node, int]] = None
         self._ipdom: Optional[dict[fx.Node, Optional[fx.Node]]] = None
+        self._constants: Optional[fx.Interpreter] = None  # evaluates input-independent nodes, memoised
+
+    # -- constants ----------------------------------------------------------------------------
+
+    def constant(self, node: fx.Node) -> Any:
+        """The value of a node that does not depend on the input (a parameter expression), or None.
+
+        One interpreter for the whole trace: each node is evaluated at most once, and only
+        the nodes ``node`` needs, in graph order (no walk of the node list per question).
+        """
+        if node in self.data:
+            return None
+        if self._constants is None:
+            self._constants = fx.Interpreter(self.module)
+        env = self._constants.env
+        needed, stack = set(), [node]
+        while stack:
+            current = stack.pop()
+            if current not in needed and current not in env:
+                if current.op == "placeholder":
+                    return None
+                needed.add(current)
+                stack.extend(current.all_input_nodes)
+        try:
+            with torch.no_grad():
+                for current in sorted(needed, key=self.order.__getitem__):
+                    env[current] = self._constants.run_node(current)
+        except Exception:  # a parameter expression that cannot run here (meta tensors)
+            return None
+        return env[node]
 
     # -- ancestors ----------------------------------------------------------------------------
 

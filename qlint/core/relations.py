@@ -60,9 +60,9 @@ class OwnMaxShift:
     source: fx.Node
 
 
-def find(graph: fx.Graph) -> None:
+def find(nodes: list[fx.Node]) -> None:
     """Record the relation proved at each node into its NodeFacts."""
-    for node in graph.nodes:
+    for node in nodes:
         if node.op not in ("call_function", "call_method"):
             continue
         relation = match_normalisation(node) or _own_sum_ratio(node) or _own_max_shift(node)

@@ -12,16 +12,13 @@ from qlint.core.graph import module_path
 from qlint.core.ops import op_name
 from qlint.core.results import Finding
 from qlint.lint.rule import checker, rule
-from qlint.lint.graph_queries import argument, is_normalizer, op
+from qlint.lint.graph_queries import argument, family, is_normalizer, op
 
-_SOFTMAX = {"softmax", "log_softmax"}
-_PRODUCTS = {"matmul", "addmm"}
 # ops between Q·K and the softmax that leave the logits' magnitude in the weights' hands
-_LOGIT_PLUMBING = {"div", "mul", "add", "sub", "masked_fill", "where", "cast", "cast_float", "copy", "view", "dropout",
-                   "clamp", "clamp_min", "clamp_max"}
+_LOGIT_PLUMBING = frozenset({"carrier", "scale", "sum", "mask"})  # scaled, shifted, masked or recast logits are still logits
 # ops between a projection and the Q·K product that carry q (or k) unchanged in magnitude:
 # head splits, casts, scaling by constants, rotary embeddings (x*cos + rotate_half(x)*sin)
-_HEAD_PLUMBING = {"view", "copy", "cast", "cast_float", "mul", "div", "add", "sub", "neg", "concat"}
+_HEAD_PLUMBING = frozenset({"carrier", "scale", "sum", "concat"})  # head splits, RoPE, scaling: not a normalization
 
 
 @dataclass
@@ -47,7 +44,7 @@ def _attentions(analysis: Analysis) -> Iterator[_Attention]:
             yield _Attention(node, module_path(node) or root, [o for o in operands if isinstance(o, fx.Node)], False)
         elif kind == "mha_functional":
             yield _Attention(node, module_path(node) or root, [], False, "multi_head_attention_forward")
-        elif kind in _SOFTMAX:
+        elif "softmax" in family(node):
             yield from _softmax_attentions(node, data, root)
 
 
@@ -66,11 +63,11 @@ def _softmax_attentions(softmax: fx.Node, data: set, root: str) -> Iterator[_Att
         seen.add((node, capped))
         kind = op(node)
         operands = [a for a in node.all_input_nodes if a in data]
-        if kind in _PRODUCTS and len(operands) >= 2:
+        if "matmul" in family(node) and len(operands) >= 2:
             found[node] = found.get(node, True) and capped
         elif kind == "saturating" and op_name(node) == "tanh":
             stack.extend((a, True) for a in operands)
-        elif kind in _LOGIT_PLUMBING:
+        elif family(node) & _LOGIT_PLUMBING:
             stack.extend((a, capped) for a in operands)
     for product, capped in found.items():
         operands = [a for a in product.all_input_nodes if a in data][-2:]
@@ -87,7 +84,7 @@ def _normalised(operand: fx.Node, data: set) -> bool:
         seen.add(node)
         if is_normalizer(node):
             continue
-        if op(node) not in _HEAD_PLUMBING:
+        if not family(node) & _HEAD_PLUMBING:
             return False
         stack.extend(node.all_input_nodes)
     return True

@@ -12,8 +12,6 @@ from qlint.core.graph import facts
 from qlint.core.ops import op_name
 from qlint.core.relations import Normalisation, strip
 
-NORMS = frozenset({"layer_norm", "native_layer_norm", "rms_norm", "_fused_rms_norm", "group_norm", "native_group_norm",
-                   "normalize"})
 _RUNNING_STATS_OPS = {"_native_batch_norm_legit_no_training", "_batch_norm_no_update"}
 _BATCH_STATS_OPS = {"_native_batch_norm_legit", "_native_batch_norm_legit_functional", "_batch_norm_with_update"}
 
@@ -21,6 +19,11 @@ _BATCH_STATS_OPS = {"_native_batch_norm_legit", "_native_batch_norm_legit_functi
 def op(node: Any) -> str:
     """The registry entry id of a node ('' for ops outside the registry and leaves)."""
     return facts(node).op if isinstance(node, fx.Node) and "qlint" in node.meta else ""
+
+
+def family(node: Any) -> frozenset[str]:
+    """The registry families of a node's entry (the op vocabulary, ``qlint.registry.FAMILIES``)."""
+    return facts(node).family if isinstance(node, fx.Node) and "qlint" in node.meta else frozenset()
 
 
 def argument(node: fx.Node, name: str, default: Any = None) -> Any:
@@ -37,7 +40,7 @@ def carried(node: Any) -> Any:
         if stripped is not node:
             node = stripped
             continue
-        if op(node) in ("view", "cast") and isinstance(argument(node, "input"), fx.Node) and op_name(node) != "getitem":
+        if family(node) & {"view", "cast"} and isinstance(argument(node, "input"), fx.Node) and op_name(node) != "getitem":
             node = argument(node, "input")
             continue
         return node
@@ -64,7 +67,7 @@ def is_normalizer(node: fx.Node) -> bool:
     only with batch statistics (with running statistics it is an affine map, QL205)."""
     if not isinstance(node, fx.Node) or "qlint" not in node.meta:
         return False
-    if isinstance(facts(node).relation, Normalisation) or op(node) in NORMS:
+    if isinstance(facts(node).relation, Normalisation) or "norm" in family(node):
         return True
     return uses_running_stats(node) is False
 
@@ -85,25 +88,9 @@ def constant_value(value: Any, analysis: Analysis) -> Optional[torch.Tensor]:
     """Evaluate a value that depends on parameters, buffers and constants only (None otherwise)."""
     if isinstance(value, (int, float)) and not isinstance(value, bool):
         return torch.tensor(float(value))
-    if not isinstance(value, fx.Node) or value in analysis.graph.data:
+    if not isinstance(value, fx.Node):
         return None
-    needed, stack = set(), [value]
-    while stack:
-        node = stack.pop()
-        if node not in needed:
-            needed.add(node)
-            stack.extend(node.all_input_nodes)
-    if any(n.op == "placeholder" for n in needed):
-        return None
-    interpreter = fx.Interpreter(analysis.module)
-    try:
-        with torch.no_grad():
-            for node in analysis.graph.nodes:
-                if node in needed:
-                    interpreter.env[node] = interpreter.run_node(node)
-    except Exception:  # a parameter expression that cannot run here (meta tensors)
-        return None
-    result = interpreter.env[value]
+    result = analysis.graph.constant(value)
     if not isinstance(result, torch.Tensor) or result.is_meta:
         return None
     return result.detach()

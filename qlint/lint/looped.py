@@ -20,7 +20,7 @@ from qlint.core.ops import describe
 from qlint.core.propagate import leading
 from qlint.core.results import Finding
 from qlint.lint.rule import checker, rule
-from qlint.lint.graph_queries import argument, carried, common_path, constant_value, op
+from qlint.lint.graph_queries import argument, carried, common_path, constant_value, family, op
 
 @dataclass(frozen=True)
 class Step:
@@ -61,11 +61,11 @@ def find_loops(analysis: Analysis) -> list[Loop]:
     """Every weight-shared recurrence of two or more iterations, in execution order (once per graph)."""
     graph = analysis.traced.graph
     if graph not in _FOUND:
-        _FOUND[graph] = _find_loops(graph, analysis)
+        _FOUND[graph] = _find_loops(analysis)
     return _FOUND[graph]
 
 
-def _find_loops(graph: fx.Graph, analysis: Analysis) -> list[Loop]:
+def _find_loops(analysis: Analysis) -> list[Loop]:
     """Chain the steps whose state is the previous step's sum and whose weights are the same.
 
     A sum may read as a step from several of its terms (``h + (x + u)`` with
@@ -75,8 +75,9 @@ def _find_loops(graph: fx.Graph, analysis: Analysis) -> list[Loop]:
     reads as a step with the chain's weights from one of its terms.
     """
     order = analysis.graph.order
-    dependent = _structural(graph)
-    sums = [node for node in graph.nodes if _is_sum(node) and not _folded(node)]
+    nodes = analysis.graph.nodes
+    dependent = _structural(nodes)
+    sums = [node for node in nodes if _is_sum(node) and not _folded(node)]
     links: dict[fx.Node, Step] = {}  # sum -> the step computing it from an earlier sum
     for root in sums:
         terms = _scaled_terms(root, dependent)
@@ -97,14 +98,14 @@ def _find_loops(graph: fx.Graph, analysis: Analysis) -> list[Loop]:
     return loops
 
 
-def _structural(graph: fx.Graph) -> set[fx.Node]:
+def _structural(nodes: list[fx.Node]) -> set[fx.Node]:
     """Nodes computed from the inputs along any edge but shape queries.
 
     Structure, not values: the loop's first state ``zeros_like(e)`` carries no value of
     the input, but it is the state the first iteration reads.
     """
     dependent: set[fx.Node] = set()
-    for node in graph.nodes:
+    for node in nodes:
         if "qlint" in node.meta and node.meta["qlint"].meta_output:
             continue
         if node.op == "placeholder" or any(parent in dependent for parent in node.all_input_nodes):
@@ -255,9 +256,6 @@ def _body_path(nodes: list[fx.Node]) -> str:
 
 # --- the carry ------------------------------------------------------------------------------
 
-_SQUASHING = {"sigmoid", "saturating"}  # |output| < 1 whatever the input
-
-
 def carry_problem(carry: Any, analysis: Analysis) -> Optional[str]:
     """Why the carry can leave (0, 1), or None when its parameterization keeps it there."""
     if isinstance(carry, (int, float)):
@@ -266,7 +264,7 @@ def carry_problem(carry: Any, analysis: Analysis) -> Optional[str]:
     kind = op(node)
     if node.op in ("get_attr", "placeholder"):
         return f"the carry `{node.target}` is a free parameter: nothing keeps it in (0, 1)"
-    if kind in _SQUASHING:
+    if "squashing" in family(node):
         return None
     if kind == "exp" and isinstance(argument(node, "input"), fx.Node):
         if leading(analysis.base[argument(node, "input")]).range.nonpos:

@@ -15,7 +15,7 @@ from qlint.core.graph import module_path
 from qlint.core.propagate import leading
 from qlint.core.results import Finding
 from qlint.lint.rule import checker, rule
-from qlint.lint.graph_queries import argument, common_path, constant_value, is_normalizer, normalised_input, op, uses_running_stats
+from qlint.lint.graph_queries import argument, common_path, constant_value, family, is_normalizer, normalised_input, op, uses_running_stats
 
 DEEP_STACK = 8  # residual blocks (branches) from which an unscaled stack is reported
 
@@ -68,7 +68,6 @@ def missing_final_norm(analysis: Analysis) -> Iterable[Finding]:
 # --- QL204 ------------------------------------------------------------------------------------
 
 _DEFAULT_GAIN = 1 / math.sqrt(3)  # std(W)·sqrt(fan_in) of nn.Linear / nn.ConvNd's default init
-_PASS_THROUGH = {"cast", "cast_float", "copy", "view", "dropout"}
 
 
 def branch_scale(term: fx.Node, analysis: Analysis) -> float:
@@ -81,7 +80,7 @@ def branch_scale(term: fx.Node, analysis: Analysis) -> float:
     scale, node = 1.0, term
     while True:
         kind = op(node)
-        if kind in _PASS_THROUGH and isinstance(argument(node, "input"), fx.Node):
+        if "carrier" in family(node) and isinstance(argument(node, "input"), fx.Node):
             node = argument(node, "input")
             continue
         if kind in ("mul", "div"):

@@ -25,16 +25,13 @@ import torch.nn.functional as F
 from torch.utils import _pytree as pytree
 
 from qlint.core.ops import op_name
-from qlint.core.graph import module_path
+from qlint.core.graph import facts, module_path
 
 GROWTH_BAND = (0.5, 2.0)  # one block multiplying an RMS by more (or less) is flagged
 
 _LAYER_TYPES = (torch.nn.Linear, torch.nn.modules.conv._ConvNd)
-_LAYER_OPS = {"linear", "conv1d", "conv2d", "conv3d", "convolution", "_convolution"}
-_PLUMBING = {
-    "view", "reshape", "_unsafe_view", "transpose", "permute", "t", "getitem", "chunk", "split", "split_with_sizes",
-    "narrow", "contiguous", "slice", "select", "unflatten", "flatten", "squeeze", "unsqueeze", "expand", "clone", "to",
-}  # fmt: skip
+# torch.nn.init.calculate_gain's names for the activation that follows a layer (a vocabulary of
+# gains, finer than the registry's: GELU and SiLU are one growth entry but two gains)
 _ACTIVATION_MODULES = {"ReLU": "relu", "GELU": "gelu", "SiLU": "silu", "Tanh": "tanh", "Sigmoid": "sigmoid", "LeakyReLU": "leaky_relu", "SELU": "selu"}
 _ACTIVATION_OPS = {"relu": "relu", "relu_": "relu", "gelu": "gelu", "silu": "silu", "silu_": "silu", "tanh": "tanh", "sigmoid": "sigmoid", "leaky_relu": "leaky_relu", "selu": "selu"}
 _CALCULATE_GAIN = {"linear", "relu", "leaky_relu", "tanh", "sigmoid", "selu"}
@@ -188,7 +185,7 @@ def _layer_nodes(module: fx.GraphModule, model: torch.nn.Module) -> dict[str, fx
     for node in module.graph.nodes:
         if node.op == "call_module" and isinstance(module.get_submodule(node.target), _LAYER_TYPES):
             found[str(node.target)] = node
-        elif op_name(node) in _LAYER_OPS:
+        elif "layer" in facts(node).family:
             path = module_path(node)
             try:
                 owner = model.get_submodule(path)
@@ -211,7 +208,7 @@ def _nonlinearity(node: Optional[fx.Node]) -> tuple[str, Optional[float]]:
             name = _activation(user)
             if name:
                 return name, _negative_slope(user)
-            if op_name(user) in _PLUMBING:
+            if facts(user).plumbing:
                 stack.append(user)
     return "linear", None
 

@@ -30,6 +30,31 @@ Transfer = Callable[..., Value]
 from qlint.core.toml import tomllib
 
 
+FAMILIES = {
+    "plumbing": "moves or retypes values without computing (views, casts, copies): skipped in derivations",
+    "carrier": "passes its input's value on, up to layout, dtype or a dropout mask: names and scales are read through it",
+    "view": "a view of its input's storage",
+    "cast": "a dtype conversion",
+    "sum": "a weighted sum of its tensor arguments (add, sub, addcmul, lerp, addmm): a possible stream join",
+    "product": "an entrywise or matrix product of its arguments",
+    "matmul": "a matrix product (a bilinear form such as attention logits q·k)",
+    "scale": "multiplies or divides by a factor",
+    "mask": "selects entries by a condition (where, masked_fill)",
+    "concat": "concatenates tensors",
+    "norm": "a normalization layer or function (LayerNorm, RMSNorm, GroupNorm, L2-normalize)",
+    "batch_norm": "batch normalization: a norm on batch statistics, affine on running ones",
+    "softmax": "a softmax over a dimension",
+    "squashing": "bounded by 1 in absolute value whatever its input (sigmoid, tanh, ...)",
+    "power": "a power x**p",
+    "exponential": "an exponential",
+    "layer": "a learned linear layer (Linear, convolution)",
+    "reduction": "reduces over dimensions",
+    "complex": "accepts complex inputs",
+    "preserves_range": "keeps its input's entrywise range",
+    "total": "bounded whatever its arguments are, unknown ones included",
+}
+
+
 @dataclass(frozen=True)
 class Primitive:
     """A registry entry, documented like a Table 1 row."""
@@ -42,7 +67,7 @@ class Primitive:
     exponent: Optional[float] = None  # the numeric exponent of a default-transfer entry
     coefficient: str = ""
     table1: bool = False
-    family: frozenset[str] = frozenset()  # op vocabulary: plumbing, carrier, view, sum, norm, softmax, ...
+    family: frozenset[str] = frozenset()  # the op vocabulary, see FAMILIES
     meta_args: frozenset[str] = frozenset()  # arguments read for their shape / dtype / device only
     meta_output: bool = False  # the result is metadata (a size, a dtype), not a value
     params: frozenset[str] = frozenset()  # parameters the rule accepts whatever their value
@@ -280,6 +305,9 @@ def _primitive(table: dict[str, Any], transfers: Any) -> Primitive:
     unknown = set(table) - _FIELDS
     if unknown:
         raise ValueError(f"{table.get('source')}: primitive {table.get('id')!r} has unknown keys {sorted(unknown)}")
+    strange = set(table.get("family", [])) - set(FAMILIES)
+    if strange:
+        raise ValueError(f"{table.get('source')}: primitive {table.get('id')!r} has unknown families {sorted(strange)}")
     ops = list(table.get("ops", []))
     spelled = table.get("spell", True)
     targets: list[str] = []

@@ -14,6 +14,7 @@ from typing import Any, Callable, Optional
 
 from qlint.core import algebra, domain
 from qlint.core.domain import ANY, CONSTANT, Growth, Range, unknown
+from qlint.core.graph import META_ATTRIBUTES
 from qlint.core.ops import Call
 
 TRANSFERS: dict[str, Callable[..., Any]] = {}
@@ -1380,7 +1381,7 @@ def get_attribute(call: Call, entry: Any) -> Any:
     """x.shape / x.dtype are metadata; x.T, x.mT, x.real, x.imag, x.data are the data itself."""
     source = call.value("input")
     name = call.param("name")
-    if name in METADATA_ATTRIBUTES:
+    if name in META_ATTRIBUTES:
         return CONSTANT
     if isinstance(source, tuple):  # a named tuple's field: an output of a multi-output op
         return combine_max(*[s for s in source if isinstance(s, Growth)])
@@ -1394,8 +1395,6 @@ def get_attribute(call: Call, entry: Any) -> Any:
     return unknown(f"attribute `{name}` of a tensor")
 
 
-METADATA_ATTRIBUTES = frozenset({"shape", "dtype", "device", "ndim", "is_cuda", "requires_grad", "layout", "is_sparse",
-                                 "is_quantized", "is_meta", "names", "grad_fn", "is_leaf", "itemsize", "nbytes"})
 
 
 @transfer("complex_view")

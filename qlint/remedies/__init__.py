@@ -48,10 +48,6 @@ from qlint.core.trace import TracedGraph
 
 KINDS = ("preln", "periln", "norm_primitive", "gate_sigmoid", "lipschitz_activation", "bounded_exp", "linear_growth")
 
-_PRODUCTS = {"mul", "mul_", "multiply"}
-_POWERS = {"pow", "pow_", "float_power", "square"}
-_EXPONENTIALS = {"exp", "exp2", "expm1"}
-
 
 class NotApplicable(Exception):
     """A remedy kind has nothing to act on in this block (the message says why)."""
@@ -453,7 +449,7 @@ class _BlockContext:
         raise NotApplicable("no primitive raises the exponent")
 
     def is_hadamard(self, node: fx.Node) -> bool:
-        return op_name(node) in _PRODUCTS and len(self.factors(node)) >= 2
+        return facts(node).op == "mul" and len(self.factors(node)) >= 2
 
     def factors(self, node: fx.Node) -> list[fx.Node]:
         """The operands of a product that grow with the input (q > 0)."""
@@ -620,7 +616,7 @@ class _BlockContext:
 
     def _plan_bounded_exp(self) -> _Plan:
         node = self.dominant()
-        if op_name(node) not in _EXPONENTIALS:
+        if "exponential" not in facts(node).family:
             raise NotApplicable("the highest-q primitive is not an exponential")
         name = node.name
 
@@ -654,10 +650,9 @@ class _BlockContext:
 
 def _power(node: fx.Node) -> Optional[float]:
     """p of ``h ** p`` / ``h.pow(p)`` / ``square(h)`` with a constant p, else None."""
-    name = op_name(node)
-    if name == "square":
+    if facts(node).op == "square":
         return 2.0
-    if name not in _POWERS:
+    if "power" not in facts(node).family:
         return None
     exponent = node.args[1] if len(node.args) > 1 else node.kwargs.get("exponent")
     return float(exponent) if isinstance(exponent, (int, float)) and not isinstance(exponent, bool) else None
