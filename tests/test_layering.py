@@ -85,3 +85,28 @@ def test_config_errors_do_not_import_torch(tmp_path):
     out = json.loads(result.stdout)
     assert out["codes"] == [2] and "QL1O1" in out["out"][0], out["out"]
     assert out["torch"] is False
+
+
+def test_a_built_wheel_carries_the_rules(tmp_path):
+    """A non-editable install finds rules/ as qlint/_rules: the catalogue and the QL codes load from the wheel alone."""
+    built = subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation", "-w", str(tmp_path), str(ROOT)],
+                           capture_output=True, text=True)
+    assert built.returncode == 0, built.stderr
+    (wheel,) = tmp_path.glob("qlint-*.whl")
+    import zipfile
+
+    unpacked = tmp_path / "site"
+    zipfile.ZipFile(wheel).extractall(unpacked)
+    probe = "import sys, json; from qlint.registry import entries, rules_dir; from qlint.lint.rule import rules; " \
+            "print(json.dumps([str(rules_dir()), len(entries()), len(rules()), 'torch' in sys.modules]))"
+    result = subprocess.run([sys.executable, "-c", probe], cwd=tmp_path, env={"PYTHONPATH": str(unpacked), "PATH": ""}, capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr
+    where, primitives, codes, torch_imported = json.loads(result.stdout)
+    assert where == str(unpacked / "qlint" / "_rules")
+    assert primitives == len(list(_entries())) and codes == 17 and torch_imported is False
+
+
+def _entries():
+    from qlint.registry import entries
+
+    return entries()
