@@ -9,6 +9,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from click.testing import CliRunner
+
 from qlint.ci.config import (
     Config,
     ConfigError,
@@ -18,6 +20,9 @@ from qlint.ci.config import (
     normalize_spec,
     resolve_selected,
 )
+from qlint.cli import main
+
+ROOT = Path(__file__).resolve().parents[1]
 
 
 def write(path: Path, text: str) -> Path:
@@ -312,6 +317,12 @@ def test_is_selected_through_config_and_merge_cli(tmp_path):
     code=st.from_regex(r"QL[0-9]{3}", fullmatch=True),
 )
 def test_a_lone_select_is_prefix_matching(prefix, code):
+    from qlint.lint.rule import rules
+
+    if not any(known.startswith(prefix) for known in rules()):
+        with pytest.raises(ConfigError, match="matches no rule"):
+            Config().merge_cli(select=[prefix])
+        return
     cfg = Config().merge_cli(select=[prefix])
     assert cfg.is_selected(code) == code.startswith(prefix)
     assert Config().merge_cli(select=["ALL"], ignore=[prefix]).is_selected(code) != code.startswith(prefix)
@@ -483,3 +494,27 @@ def test_declared_primitives_are_used(tmp_path, monkeypatch):
     )
     result = qlint("--format", "concise")
     assert result.exit_code == 0, result.output
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["--select", "QL9"], "command line --select: rule selector 'QL9' matches no rule; did you mean"),
+        (["--select", "QL999"], "command line --select: rule selector 'QL999' matches no rule"),
+        (["--select", ""], "command line --select is empty: no rule would run"),
+        (["--ignore", "QL7"], "command line --ignore: rule selector 'QL7' matches no rule"),
+    ],
+)
+def test_a_selector_that_matches_no_rule_is_an_error_not_a_pass(args, message):
+    """A typo in --select must not turn the gate off with "All checks passed!"."""
+    result = CliRunner().invoke(main, [str(ROOT / "fixtures/toy.py:poly_mlp"), "--isolated", *args])
+    assert result.exit_code == 2
+    assert result.stderr.startswith(f"qlint: error: {message}") and result.stderr.count("\n") == 1
+
+
+@pytest.mark.parametrize("table", ['select = []', 'select = ["QL8"]', 'ignore = ["QL19"]'])
+def test_a_config_selector_that_matches_no_rule_is_an_error(tmp_path, monkeypatch, table):
+    (tmp_path / "pyproject.toml").write_text(f"[tool.qlint]\n{table}\n")
+    monkeypatch.chdir(tmp_path)
+    result = CliRunner().invoke(main, [str(ROOT / "fixtures/toy.py:poly_mlp")])
+    assert result.exit_code == 2 and "tool.qlint" in result.stderr and "no rule" in result.stderr

@@ -233,7 +233,7 @@ class Config:
         """
         where = "command line"
         layer = RuleSelection(
-            select=None if select is None else _selectors(list(select), f"{where} --select"),
+            select=None if select is None else _selectors(list(select), f"{where} --select", allow_empty=False),
             extend_select=_selectors(list(extend_select or ()), f"{where} --extend-select"),
             ignore=_selectors(list(ignore or ()), f"{where} --ignore"),
         )
@@ -383,7 +383,7 @@ def parse_config(
         cfg.models = [normalize_spec(s, root) for s in specs]
     if any(k in table for k in ("select", "extend-select", "ignore")):
         layer = RuleSelection(
-            select=_selectors(get("select"), key("select")) if "select" in table else None,
+            select=_selectors(get("select"), key("select"), allow_empty=False) if "select" in table else None,
             extend_select=_selectors(get("extend-select", []), key("extend-select")),
             ignore=_selectors(get("ignore", []), key("ignore")),
         )
@@ -488,8 +488,14 @@ def _str_list(value: Any, key: str) -> list[str]:
     return [v.strip() for v in value]
 
 
-def _selectors(value: Any, key: str) -> tuple[str, ...]:
+def _selectors(value: Any, key: str, *, allow_empty: bool = True) -> tuple[str, ...]:
+    """Rule selectors, each of which must name at least one rule: a typo never turns a rule off silently."""
+    from qlint.lint.rule import rules
+
     items = _str_list(value, key)
+    if not items and not allow_empty:
+        raise ConfigError(f"{key} is empty: no rule would run (select 'ALL' for every rule)")
+    codes = list(rules())
     out = []
     for item in items:
         if not _SELECTOR.match(item):
@@ -497,6 +503,11 @@ def _selectors(value: Any, key: str) -> tuple[str, ...]:
                 f"{key}: invalid rule selector '{item}' "
                 "(expected 'ALL' or a code prefix such as 'QL', 'QL1' or 'QL101')"
             )
+        if item != "ALL" and not any(code.startswith(item) for code in codes):
+            prefixes = sorted({code[:n] for code in codes for n in (3, 4, 5)})
+            guess = difflib.get_close_matches(item, prefixes, n=1)
+            hint = f"; did you mean '{guess[0]}'?" if guess else ""
+            raise ConfigError(f"{key}: rule selector '{item}' matches no rule{hint} (every code: `qlint explain --all`)")
         out.append(item)
     return tuple(out)
 
