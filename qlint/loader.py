@@ -106,6 +106,8 @@ def load(spec: str) -> LoadedModel:
     import torch
 
     location, attribute = split_spec(spec)
+    if Path(location).is_dir():
+        raise LoadError(f"{location} is a folder; give a Python file or module and its factory, e.g. {location.rstrip('/')}/model.py:build_model")
     attribute = attribute or "build_model"
     if not all(part.isidentifier() for part in attribute.split(".")):
         raise LoadError(f"invalid attribute {attribute!r} in {spec!r}; expected MODULE:ATTRIBUTE")

@@ -129,9 +129,18 @@ def test_untraceable_model_names_the_construct(user_code):
     assert "give --input-shape" in completed.stderr and "net.py" in completed.stderr
 
 
-def test_traceback_flag_shows_the_trace(user_code):
+def test_traceback_flag_shows_the_trace_and_keeps_exit_2(user_code):
     completed = qlint_process(str(user_code / "broken.py:build_model"), "--traceback")
-    assert completed.returncode != 0 and "Traceback" in completed.stderr
+    assert completed.returncode == 2 and "Traceback" in completed.stderr
+    trace, last = completed.stderr.strip().rsplit("\n", 1)
+    assert 'broken.py", line' in trace  # the user's own frame
+    assert last.startswith("qlint: error: ")
+
+
+def test_ctrl_c_is_one_line_and_exit_130(tmp_path):
+    (tmp_path / "slow.py").write_text("def build_model():\n    raise KeyboardInterrupt\n")
+    completed = qlint_process(str(tmp_path / "slow.py:build_model"))
+    assert completed.returncode == 130 and completed.stderr.strip() == "qlint: interrupted"
 
 
 def test_dotted_module_spec():
@@ -155,3 +164,14 @@ def test_explain_and_rules():
         assert row in result.output
     rows = json.loads(run("rules", "--json").output)
     assert {r["primitive"]: r["q"] for r in rows}["Polynomial activation x^p"] == "p * q"
+
+
+def test_a_folder_spec_is_one_clear_line():
+    completed = qlint_process("fixtures/")
+    assert completed.returncode == 2
+    assert completed.stderr.strip() == "qlint: error: fixtures is a folder; give a Python file or module and its factory, e.g. fixtures/model.py:build_model"
+
+
+def test_a_mistyped_subcommand_gets_a_did_you_mean():
+    result = run("expain", "QL101")
+    assert result.exit_code == 2 and "no such command 'expain'; did you mean 'explain'?" in result.output

@@ -6,6 +6,7 @@ so ``qlint --help`` never imports torch. ``qlint SPEC ...`` means ``qlint check 
 
 from __future__ import annotations
 
+import difflib
 import importlib
 
 import click
@@ -43,6 +44,9 @@ class QlintGroup(click.Group):
 
     def resolve_command(self, ctx: click.Context, args: list[str]):
         if args and args[0] not in SUBCOMMANDS and not args[0].startswith("-"):
+            guess = difflib.get_close_matches(args[0], SUBCOMMANDS, n=1, cutoff=0.75)
+            if guess and not any(c in args[0] for c in ":./\\"):  # `qlint expain` is a typo, not a module named expain
+                raise click.UsageError(f"no such command '{args[0]}'; did you mean '{guess[0]}'?")
             args = ["check", *args]
         return super().resolve_command(ctx, args)
 
