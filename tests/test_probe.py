@@ -462,3 +462,16 @@ def test_llama_without_norm_mixes_exponents():
     blocks = measure_model(*loaded("llama.py:without_norm"), FEW_DIRECTIONS)
     assert [(b.name, b.q_static) for b in blocks] == [("layers.0:self_attn", 1.0), ("layers.0:mlp", 2.0), ("layers.1:self_attn", 1.0), ("layers.1:mlp", 2.0)]
     assert all(b.agreement == "exact" for b in blocks)
+
+
+def test_nan_weights_are_one_line_and_exit_2(tmp_path):
+    module = tmp_path / "nan.py"
+    module.write_text(
+        "import torch\nfrom torch import nn\n"
+        "class Block(nn.Module):\n    def __init__(self):\n        super().__init__()\n        self.w = nn.Linear(4, 4)\n"
+        "    def forward(self, x):\n        return x + self.w(x)\n"
+        "def build_model():\n    m = Block()\n    with torch.no_grad():\n        m.w.weight[0, 0] = float('nan')\n    return m, (torch.randn(2, 4),)\n"
+    )
+    result = CliRunner().invoke(main, ["probe", f"{module}:build_model"])
+    assert result.exit_code == 2
+    assert result.stderr.strip() == "qlint: error: the parameter `w.weight` holds inf or nan: nothing to measure"

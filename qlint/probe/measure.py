@@ -21,6 +21,7 @@ import copy
 import math
 import statistics
 import time
+import warnings
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable, Iterator, Optional
 
@@ -148,12 +149,24 @@ def _unit_random(like: torch.Tensor, seed: int) -> torch.Tensor:
     return u / u.norm()
 
 
+def _quiet_jvp_import() -> None:
+    """torch.func.jvp imports torch's JVP decompositions on first use, which call the deprecated
+    torch.jit.script and print a FutureWarning on every probe run: import them with it silenced."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="`torch.jit.script`", category=FutureWarning)
+        try:
+            import torch._decomp.decompositions_for_jvp  # noqa: F401
+        except ImportError:  # a torch without the module: nothing to silence
+            pass
+
+
 def operator_norm(fn: Callable[[torch.Tensor], torch.Tensor], x: torch.Tensor, iters: int = 20, seed: int = 0) -> float:
     """||grad fn(x)||_2: power iteration on J^T J, one JVP and one VJP per step.
 
     Returns ||J u|| for the last unit vector u, a lower estimate that converges to
     the largest singular value.
     """
+    _quiet_jvp_import()
     u = _unit_random(x, seed)
     _, pullback = torch.func.vjp(fn, x)
     sigma = 0.0
@@ -177,6 +190,7 @@ def jvp_power_iteration(fn: Callable[[torch.Tensor], torch.Tensor], x: torch.Ten
     geometrically over the second half of the iterations, which also converges when
     the dominant eigenvalues are a complex pair (a rotation).
     """
+    _quiet_jvp_import()
     u = _unit_random(x, seed)
     logs = []
     for _ in range(iters):
@@ -688,10 +702,22 @@ def _require_weights(model: torch.nn.Module, inputs: Optional[tuple]) -> None:
         raise ProbeError("probe needs example inputs: return (model, inputs) from the factory or give --input-shape")
 
 
+def _require_finite(model: torch.nn.Module, inputs: tuple) -> None:
+    """A model whose own output is inf or nan on its example inputs has nothing to measure."""
+    bad = [name for name, p in model.named_parameters() if not bool(torch.isfinite(p).all())]
+    if bad:
+        raise ProbeError(f"the parameter `{bad[0]}` holds inf or nan{f' (and {len(bad) - 1} more)' if len(bad) > 1 else ''}: nothing to measure")
+    with torch.no_grad(), tensor_outputs(model):
+        outputs = _tensor_list(model(*inputs))
+    if not all(bool(torch.isfinite(t).all()) for t in outputs if t.is_floating_point() or t.is_complex()):
+        raise ProbeError("the model's output on its example inputs is inf or nan (in float64): nothing to measure")
+
+
 def float64_context(model: torch.nn.Module, inputs: Optional[tuple], *, spec: str, options: Options, settings: ProbeSettings) -> ProbeContext:
     """The static analysis of a float64 copy, with the copy itself (the eager witness)."""
     _require_weights(model, inputs)
     model64, inputs64 = as_float64(model, inputs)  # type: ignore[arg-type]
+    _require_finite(model64, inputs64)
     analysis = run(model64, inputs64, spec=spec, options=options)
     return ProbeContext(analysis, model64, analysis.inputs, settings)  # type: ignore[arg-type]
 
