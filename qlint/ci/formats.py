@@ -378,9 +378,7 @@ def _render_full(report: Report, stream: IO[str], *, color: Optional[bool], **op
     if color is False:
         stream.write(full.render_full(report, **options))
         return
-    from rich.console import Console
-
-    full.print_report(report, Console(file=stream, force_terminal=color), **options)
+    full.print_report(report, full.make_console(stream, force_terminal=color), **options)
 
 
 def write_output(

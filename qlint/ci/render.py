@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import linecache
-from typing import Optional
+import os
+import sys
+from typing import Any, Optional
 
 from rich.console import Console, Group
 from rich.table import Table
@@ -124,8 +126,22 @@ def _status_of(verdict: str) -> str:
     return {"certified": "ok"}.get(verdict, verdict)
 
 
+LOG_WIDTH = 200  # columns when the output is not a terminal (CI logs, pipes) and COLUMNS is not set
+
+
+def make_console(file: Any = None, *, stderr: bool = False, force_terminal: Optional[bool] = None) -> Console:
+    """A console as wide as the terminal, or LOG_WIDTH columns for a log or a pipe.
+
+    rich falls back to 80 columns off a terminal, which wraps findings mid-message in CI
+    logs; ``COLUMNS`` still wins when set.
+    """
+    target = file if file is not None else (sys.stderr if stderr else sys.stdout)
+    off_terminal = not (hasattr(target, "isatty") and target.isatty()) and "COLUMNS" not in os.environ
+    return Console(file=file, stderr=stderr, force_terminal=force_terminal, width=LOG_WIDTH if off_terminal else None)
+
+
 def print_report(report: Report, console: Optional[Console] = None, *, show_all_derivations: bool = False) -> None:
-    console = console or Console()
+    console = console or make_console()
     for model in report.models:
         console.print(model_renderable(model, show_all_derivations=show_all_derivations))
     errors, warnings, infos = report.count("error"), report.count("warning"), report.count("info")
@@ -142,4 +158,4 @@ def render_full(report: Report, *, show_all_derivations: bool = False, width: in
     return console.export_text()
 
 
-__all__ = ["DerivationStep", "print_report", "render_full", "derivation_text", "block_table"]
+__all__ = ["DerivationStep", "block_table", "derivation_text", "make_console", "print_report", "render_full"]

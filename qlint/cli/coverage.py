@@ -72,11 +72,11 @@ def _coverage(spec: str, config: Any) -> Any:
 
 
 def _print(coverages: list[Any]) -> None:
-    from rich.console import Console
+    from qlint.ci.render import make_console
     from rich.table import Table
     from rich.text import Text
 
-    console = Console()
+    console = make_console()
     for coverage in coverages:
         table = Table(title=f"{coverage.spec}  [dim](tracer: {coverage.tracer})[/dim]", title_justify="left")
         table.add_column("op")

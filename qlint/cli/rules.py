@@ -25,7 +25,7 @@ def command(as_json: bool, table1: bool) -> None:
                 for p in primitives]
         click.echo(json.dumps(rows, indent=2))
         return
-    from rich.console import Console
+    from qlint.ci.render import make_console
     from rich.table import Table
 
     table = Table(title="qlint primitive catalogue (★ = row of Table 1, paper 000)", show_lines=True)
@@ -35,4 +35,4 @@ def command(as_json: bool, table1: bool) -> None:
     table.add_column("justification")
     for p in primitives:
         table.add_row(("★ " if p.get("table1") else "") + p["name"], str(p["q"]), p.get("coefficient", ""), " ".join(p["why"].split()))
-    Console().print(table)
+    make_console().print(table)

@@ -258,10 +258,10 @@ def as_json(results: dict[str, list[LoopProbe]]) -> dict[str, Any]:
 
 def print_loops(results: dict[str, list[LoopProbe]]) -> None:
     """The rich report: one two-column table per loop, then its findings."""
-    from rich.console import Console
+    from qlint.ci.render import make_console
     from rich.table import Table
 
-    console = Console()
+    console = make_console()
     for spec, probes in results.items():
         for probe in probes:
             table = Table(title=f"{spec}: looped recurrence `{probe.path}` (float64)", show_header=False)

@@ -9,6 +9,7 @@ from rich.console import Console, Group
 from rich.table import Table
 from rich.text import Text
 
+from qlint.ci.render import make_console
 from qlint.core.algebra import format_q
 from qlint.probe.measure import BlockProbe, ModelProbe
 from qlint.probe.bounds import FORMATS, StackBounds
@@ -146,6 +147,6 @@ def model_renderable(result: ModelProbe) -> Group:
 
 
 def print_probe(results: Sequence[ModelProbe], console: Optional[Console] = None) -> None:
-    console = console or Console()
+    console = console or make_console()
     for result in results:
         console.print(model_renderable(result))
