@@ -9,9 +9,10 @@ that JSON document); ``qlint.analyze(model, inputs)`` does the same for a model 
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Iterable, Mapping, Optional, Sequence, Union
+from typing import Any, Callable, Iterable, Mapping, Optional, Sequence, Union
 
 from qlint.ci.config import Config, ConfigError, load_config
+from qlint.core.errors import QlintError
 from qlint.core.results import ModelReport, Report
 
 
@@ -31,7 +32,11 @@ def configure(specs: Optional[Sequence[str]] = None, *, config: Union[str, Path,
 
 def check(specs: Optional[Sequence[str]] = None, *, config: Union[str, Path, None] = None, isolated: bool = False,
           overrides: Iterable[str] = (), remedies: bool = False, cwd: Union[str, Path, None] = None, **flags: Any) -> Report:
-    """Analyse each spec (or the configured ``models``) as ``qlint check`` does."""
+    """Analyse each spec (or the configured ``models``) as ``qlint check`` does.
+
+    A model that fails is in the report with verdict ``failed`` (``Report.failures``),
+    not raised, so the others are still checked.
+    """
     settings = configure(specs, config=config, isolated=isolated, overrides=overrides, cwd=cwd, **flags)
     if not settings.models:
         raise ConfigError("no models to check: give specs, or list them in [tool.qlint] models = [...]")
@@ -43,14 +48,38 @@ def check(specs: Optional[Sequence[str]] = None, *, config: Union[str, Path, Non
     return report
 
 
-def analyse_configured(settings: Config, *, remedies: bool = False) -> Report:
-    """Every configured model: its per-model settings, declared primitives, suppressions."""
-    return Report([_one(settings, spec, remedies=remedies) for spec in settings.models])
+def analyse_configured(settings: Config, *, remedies: bool = False,
+                       on_failure: Optional[Callable[[str, BaseException], None]] = None) -> Report:
+    """Every configured model: its per-model settings, declared primitives, suppressions.
+
+    A model that cannot be loaded, traced or analysed does not stop the others: its
+    report is :meth:`ModelReport.failed` (verdict ``failed``; the CLI exits 2 after
+    writing every report) and ``on_failure(spec, exception)`` is called, e.g. to print
+    the traceback. Ctrl-C still stops the run.
+    """
+    from qlint.ci.suppress import apply_suppressions
+
+    models = []
+    for spec in settings.models:
+        try:
+            models.append(_one(settings, spec, remedies=remedies))
+        except Exception as exc:  # noqa: BLE001  (one model's failure is reported, the run goes on)
+            if on_failure is not None:
+                on_failure(spec, exc)
+            models.append(ModelReport.failed(spec, failure_message(exc)))
+    return Report(apply_suppressions(models, settings))
+
+
+def failure_message(exc: BaseException) -> str:
+    """One line: a qlint error's own message, else the exception's type and first line."""
+    if isinstance(exc, QlintError):
+        return str(exc)
+    first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+    return f"internal error: {type(exc).__name__}: {first}".rstrip(": ")
 
 
 def _one(settings: Config, spec: str, *, remedies: bool) -> ModelReport:
     from qlint.analysis import run
-    from qlint.ci.suppress import apply_suppressions
 
     loaded, options = prepare(settings, spec, remedies=remedies)
     analysis = run(loaded.model, loaded.inputs, spec=spec, options=options)
@@ -58,7 +87,7 @@ def _one(settings: Config, spec: str, *, remedies: bool) -> ModelReport:
         from qlint.remedies import attach
 
         attach(analysis)
-    return apply_suppressions(analysis.report, settings)
+    return analysis.report
 
 
 def prepare(settings: Config, spec: str, *, remedies: bool = False) -> tuple[Any, Any]:
@@ -125,7 +154,7 @@ def analyze(model: Any, example_inputs: Optional[tuple] = None, *, spec: Optiona
     options = Options(mode=model_settings.mode, tracer=model_settings.tracer, threshold=model_settings.threshold,
                       primitives=declared)
     analysis = run(model, example_inputs, spec=name, options=options)
-    return apply_suppressions(analysis.report, settings)
+    return apply_suppressions([analysis.report], settings)[0]
 
 
 def probe(specs: Optional[Sequence[str]] = None, *, config: Union[str, Path, None] = None, isolated: bool = False,

@@ -40,7 +40,8 @@ def test_json_document_follows_the_schema():
     assert result.exit_code == 1
     doc = json.loads(result.output)
     assert set(doc) >= {"qlint_version", "models", "summary"}
-    assert doc["summary"] == {"models": 2, "errors": 3, "warnings": doc["summary"]["warnings"], "infos": 0}
+    assert doc["summary"] == {"models": 2, "errors": 3, "warnings": doc["summary"]["warnings"], "infos": 0,
+                             "suppressed": 0, "failed": 0}
     llama, unknown = doc["models"]
     assert set(llama) >= {"spec", "tracer", "mode", "verdict", "max_q", "blocks", "findings"}
     assert (llama["verdict"], llama["max_q"], llama["mode"], llama["tracer"]) == ("supercritical", 2, "train", "symbolic_trace")

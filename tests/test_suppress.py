@@ -88,7 +88,7 @@ def test_noqa_suppresses_exactly_its_codes(model_file):
         [("QL101", "a", A), ("QL104", "a", A), ("QL101", "b", B), ("QL104", "b", B), ("QL102", "c", C),
          ("QL101", "d", D), ("QL101", "e", E), ("QL101", "f", F)],
     )  # fmt: skip
-    out = apply_suppressions(model, Config())
+    out = apply_suppressions([model], Config())[0]
     # a: only QL101 suppressed; b: both; c: blanket; d: the comment on the closing line
     # covers the whole statement; e: case-insensitive; f: no comment.
     assert codes(out) == [
@@ -97,19 +97,19 @@ def test_noqa_suppresses_exactly_its_codes(model_file):
         ("QL100", D_END),  # QL103 named but not reported at d
     ]
     ql100 = out.findings[-1]
-    assert ql100.severity == "warning" and ql100.block is None
+    assert ql100.severity == "warning" and ql100.block == "d"
     assert "unused: QL103" in ql100.message
     assert model.findings[0].code == "QL101"  # the input is not mutated
 
 
 def test_string_literal_noqa_does_not_count(model_file):
-    out = apply_suppressions(report(model_file, [("QL101", "doc", DOC)]), Config())
+    out = apply_suppressions([report(model_file, [("QL101", "doc", DOC)])], Config())[0]
     assert codes(out) == [("QL101", DOC)]
 
 
 def test_unused_noqa_on_a_certified_block_line_is_reported(model_file):
     # The block at line A is now certified: its noqa is stale.
-    out = apply_suppressions(report(model_file, [], blocks=[("a", A), ("ret", RET)]), Config())
+    out = apply_suppressions([report(model_file, [], blocks=[("a", A), ("ret", RET)])], Config())[0]
     assert codes(out) == [("QL100", A), ("QL100", RET)]
     assert out.findings[0].block == "a"
     assert out.findings[0].message == "unused `# qlint: noqa` directive (unused: QL101)"
@@ -117,33 +117,33 @@ def test_unused_noqa_on_a_certified_block_line_is_reported(model_file):
 
 
 def test_blanket_noqa_unused(model_file):
-    out = apply_suppressions(report(model_file, [], blocks=[("c", C)]), Config())
+    out = apply_suppressions([report(model_file, [], blocks=[("c", C)])], Config())[0]
     assert [f.message for f in out.findings] == ["unused blanket `# qlint: noqa` directive"]
 
 
 def test_noqa_on_lines_qlint_did_not_look_at_is_ignored(model_file):
     # Only the block at F was analysed: the comments on other lines belong to
     # other models (or nothing) and are not reported.
-    out = apply_suppressions(report(model_file, [("QL101", "f", F)], blocks=[("f", F)]), Config())
+    out = apply_suppressions([report(model_file, [("QL101", "f", F)], blocks=[("f", F)])], Config())[0]
     assert codes(out) == [("QL101", F)]
 
 
 def test_non_enabled_codes_are_labelled(model_file):
     cfg = Config().merge_cli(ignore=["QL104"])
-    out = apply_suppressions(report(model_file, [("QL101", "b", B)], blocks=[("b", B)]), cfg)
+    out = apply_suppressions([report(model_file, [("QL101", "b", B)], blocks=[("b", B)])], cfg)[0]
     assert [f.message for f in out.findings] == ["unused `# qlint: noqa` directive (non-enabled: QL104)"]
 
 
 def test_ql100_can_be_ignored(model_file):
     cfg = Config().merge_cli(ignore=["QL100"])
-    out = apply_suppressions(report(model_file, [], blocks=[("a", A)]), cfg)
+    out = apply_suppressions([report(model_file, [], blocks=[("a", A)])], cfg)[0]
     assert out.findings == []
 
 
 def test_selection_drops_findings_before_suppression(model_file):
     cfg = Config().merge_cli(select=["QL10"], ignore=["QL104"])
     model = report(model_file, [("QL104", "f", F), ("QL101", "f", F), ("QL102", "f", F)])
-    assert codes(apply_suppressions(model, cfg)) == [("QL101", F), ("QL102", F)]
+    assert codes(apply_suppressions([model], cfg)[0]) == [("QL101", F), ("QL102", F)]
 
 
 def test_per_block_ignores(model_file, tmp_path):
@@ -153,8 +153,12 @@ def test_per_block_ignores(model_file, tmp_path):
         [("QL101", "layers.0", F), ("QL102", "layers.0", F), ("QL101", "layers.12", F),
          ("QL104", "head", F), ("QL101", "stem", F)],
     )  # fmt: skip
-    out = apply_suppressions(model, cfg)
+    out = apply_suppressions([model], cfg)[0]
     assert [(f.code, f.block) for f in out.findings] == [("QL102", "layers.0"), ("QL101", "stem")]
+    assert [(f.code, f.block, f.suppression) for f in out.suppressed] == [
+        ("QL101", "layers.0", "per-block-ignores"), ("QL101", "layers.12", "per-block-ignores"),
+        ("QL104", "head", "per-block-ignores"),
+    ]
 
 
 def test_findings_without_source_and_unreadable_files(tmp_path):
@@ -169,7 +173,7 @@ def test_findings_without_source_and_unreadable_files(tmp_path):
             Finding("QL101", "error", "gone", "x", Source(missing, 3)),
         ],
     )
-    out = apply_suppressions(model, Config())
+    out = apply_suppressions([model], Config())[0]
     assert [f.message for f in out.findings] == ["no place", "gone"]
 
 
@@ -177,7 +181,7 @@ def test_relative_and_absolute_paths_to_the_same_file_agree(model_file, monkeypa
     monkeypatch.chdir(Path(model_file).parent)
     model = report(model_file, [("QL101", "a", A)])
     model.blocks.append(Block("a", 0, 3.0, "supercritical", [], source=Source("net.py", A)))
-    out = apply_suppressions(model, Config())
+    out = apply_suppressions([model], Config())[0]
     assert out.findings == []
 
 
@@ -192,7 +196,7 @@ def test_encoding_cookie_is_honoured(tmp_path):
             """
         ).encode("latin-1")
     )
-    out = apply_suppressions(report(str(path), [("QL101", "a", 3)]), Config())
+    out = apply_suppressions([report(str(path), [("QL101", "a", 3)])], Config())[0]
     assert out.findings == []
 
 

@@ -1,7 +1,8 @@
 """Baselines: accept today's findings, fail only on new ones.
 
 ``qlint --write-baseline qlint-baseline.json`` records the current findings;
-``qlint --baseline qlint-baseline.json`` drops the findings it lists. An entry is
+``qlint --baseline qlint-baseline.json`` accepts the findings it lists (they move to
+the report's ``suppressed`` list, SARIF ``baselineState: unchanged``). An entry is
 keyed by (model spec, rule code, block name, hash of the normalised message): no
 line numbers, so moving code, editing other models or reformatting keeps the
 baseline valid, while a block whose exponent changes (a different message) shows
@@ -110,17 +111,19 @@ def load_baseline(path: str | os.PathLike[str]) -> Counter[Key]:
 
 
 def filter_new(report: Report, baseline_path: str | os.PathLike[str]) -> Report:
-    """``report`` without the findings the baseline accepts (each entry used ``count`` times)."""
+    """``report`` with the findings the baseline accepts (each entry used ``count`` times)
+    moved to each model's ``suppressed`` list, marked ``baseline``."""
     remaining = load_baseline(baseline_path)
     root = Path(baseline_path).resolve().parent
     models = []
     for model in report.models:
-        kept = []
+        kept, accepted = [], []
         for finding in model.findings:
             key = finding_key(model.spec, finding, root)
             if remaining[key] > 0:
                 remaining[key] -= 1
+                accepted.append(replace(finding, suppression="baseline"))
             else:
                 kept.append(finding)
-        models.append(replace(model, findings=kept))
-    return replace(report, models=models)
+        models.append(replace(model, findings=kept, suppressed=[*model.suppressed, *accepted]))
+    return replace(report, models=models, baseline=str(baseline_path))

@@ -49,6 +49,7 @@ def _information_uri() -> str:
 SARIF_SCHEMA = "https://json.schemastore.org/sarif-2.1.0.json"
 SARIF_LEVEL = {"error": "error", "warning": "warning", "info": "note"}
 GITHUB_LEVEL = {"error": "error", "warning": "warning", "info": "notice"}
+SARIF_SUPPRESSION = {"noqa": "inSource", "per-block-ignores": "external"}  # baselined: baselineState instead
 
 
 # ---------------------------------------------------------------------------
@@ -85,16 +86,19 @@ def _plural(n: int, word: str) -> str:
 
 
 def summary_line(report: Report) -> str:
-    """``Found 2 findings (1 error, 1 warning).`` or ``All checks passed!``"""
+    """``Found 2 findings (1 error, 1 warning).``, ``All checks passed!``, with what was
+    suppressed and which models could not be analysed."""
     findings = report.findings
+    failed = f" {_plural(len(report.failures), 'model')} could not be analysed." if report.failures else ""
+    hidden = f" ({len(report.suppressed)} suppressed)" if report.suppressed else ""
     if not findings:
-        return "All checks passed!"
+        return (f"No findings{hidden}." if report.failures else f"All checks passed!{hidden}") + failed
     parts = [
         _plural(report.count(sev), sev)
         for sev in ("error", "warning", "info")
         if report.count(sev)
     ]
-    return f"Found {_plural(len(findings), 'finding')} ({', '.join(parts)})."
+    return f"Found {_plural(len(findings), 'finding')} ({', '.join(parts)}){hidden}.{failed}"
 
 
 # ---------------------------------------------------------------------------
@@ -141,7 +145,8 @@ def _where(model: ModelReport, finding: Finding) -> str:
 
 
 def render_concise(report: Report) -> str:
-    lines = [f"{_where(m, f)}: {f.code} {_one_line(f.message)}" for m, f in _sorted_findings(report)]
+    lines = [f"failed: {_one_line(m.failure_line())}" for m in report.failures]
+    lines += [f"{_where(m, f)}: {f.code} {_one_line(f.message)}" for m, f in _sorted_findings(report)]
     lines.append(summary_line(report))
     return "\n".join(lines) + "\n"
 
@@ -163,7 +168,7 @@ def escape_property(value: str) -> str:
 
 def render_github(report: Report) -> str:
     root = git_root()
-    lines = []
+    lines = [f"::error title=qlint::{escape_data(f'could not be analysed: {m.failure_line()}')}" for m in report.failures]
     for model, finding in _sorted_findings(report):
         props = []
         message = finding.message
@@ -188,7 +193,7 @@ def _md(text: Any) -> str:
     return str(text).replace("\\", "\\\\").replace("|", "\\|").replace("\r", "").replace("\n", "<br>")
 
 
-VERDICT_ICON = {"certified": "✅", "supercritical": "❌", "uncertified": "⚠️"}
+VERDICT_ICON = {"certified": "✅", "supercritical": "❌", "uncertified": "⚠️", "failed": "💥"}
 
 
 def render_markdown(report: Report) -> str:
@@ -200,6 +205,10 @@ def render_markdown(report: Report) -> str:
     for model in report.models:
         counts = Counter(f.severity for f in model.findings)
         found = ", ".join(_plural(counts[s], s) for s in ("error", "warning", "info") if counts[s]) or "none"
+        if model.suppressed:
+            found += f" ({len(model.suppressed)} suppressed)"
+        if model.failure is not None:
+            found = _md(model.failure)
         max_q = model.max_q
         if max_q is None and model.blocks:
             max_q_text = "?"
@@ -208,8 +217,9 @@ def render_markdown(report: Report) -> str:
         else:
             max_q_text = format_q(max_q)
         icon = VERDICT_ICON.get(model.verdict, "")
+        verdict = f"{model.verdict}, accepted" if model.suppressed and not model.findings and model.verdict != "certified" else model.verdict
         out.append(
-            f"| `{_md(model.spec)}` | {icon} {model.verdict} | {max_q_text} | {len(model.blocks)} | {found} |"
+            f"| `{_md(model.spec)}` | {icon} {verdict} | {max_q_text} | {len(model.blocks)} | {found} |"
         )
     out.append("")
     rows = _sorted_findings(report)
@@ -296,7 +306,8 @@ def to_sarif(report: Report, root: Optional[Path] = None) -> dict[str, Any]:
 
     results = []
     seen: Counter[str] = Counter()
-    for model, finding in _sorted_findings(report):
+    every = [*_sorted_findings(report), *((m, f) for m in report.models for f in m.suppressed)]
+    for model, finding in every:
         key = finding_key(model.spec, finding, root)
         digest = hashlib.sha256("\0".join(key).encode("utf-8")).hexdigest()[:32]
         seen[digest] += 1
@@ -319,6 +330,14 @@ def to_sarif(report: Report, root: Optional[Path] = None) -> dict[str, Any]:
             file = _fallback_file(model.spec)
             if file is not None:
                 result["locations"] = [_physical_location(file, 1, root)]
+        if finding.related:
+            result["relatedLocations"] = [
+                {"id": i, **_physical_location(s.file, s.line, root)} for i, s in enumerate(finding.related)
+            ]
+        if finding.suppression in SARIF_SUPPRESSION:
+            result["suppressions"] = [{"kind": SARIF_SUPPRESSION[finding.suppression], "justification": finding.suppression}]
+        if report.baseline is not None:
+            result["baselineState"] = "unchanged" if finding.suppression == "baseline" else "new"
         results.append(result)
 
     return {
@@ -336,11 +355,28 @@ def to_sarif(report: Report, root: Optional[Path] = None) -> dict[str, Any]:
                     }
                 },
                 "originalUriBaseIds": {"%SRCROOT%": {"uri": root.as_uri() + "/"}},
+                "invocations": [_invocation(report, root)],
                 "results": results,
                 "columnKind": "unicodeCodePoints",
             }
         ],
     }
+
+
+def _invocation(report: Report, root: Path) -> dict[str, Any]:
+    """Whether the run analysed every model; one error notification per model that failed."""
+    notifications = []
+    for model in report.failures:
+        notification: dict[str, Any] = {
+            "level": "error",
+            "message": {"text": f"could not be analysed: {model.failure_line()}"},
+            "descriptor": {"id": "model-failed"},
+        }
+        file = _fallback_file(model.spec)
+        if file is not None:
+            notification["locations"] = [_physical_location(file, 1, root)]
+        notifications.append(notification)
+    return {"executionSuccessful": not report.failures, "toolExecutionNotifications": notifications}
 
 
 def render_sarif(report: Report) -> str:

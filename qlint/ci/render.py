@@ -90,6 +90,8 @@ def _signature(block: Block) -> tuple:
 
 
 def model_renderable(model: ModelReport, *, show_all_derivations: bool = False) -> Group:
+    if model.failure is not None:
+        return Group(Text(f"failed: {model.failure_line()}\n", style="bold red"))
     parts: list = [block_table(model)]
     if not model.blocks:
         parts.append(Text("no residual blocks found: nothing to certify", style="yellow"))
@@ -116,8 +118,9 @@ def model_renderable(model: ModelReport, *, show_all_derivations: bool = False) 
     summary = model.verdict
     q = "?" if model.max_q is None and any(b.q is None for b in model.blocks) else format_q(model.max_q)
     share = f", share of q = 1 blocks {model.share_q1:.0%}" if model.share_q1 is not None else ""
+    hidden = f", {len(model.suppressed)} finding(s) suppressed ({', '.join(sorted({f.suppression or '' for f in model.suppressed}))})" if model.suppressed else ""
     parts.append(
-        Text(f"{model.spec}: {summary}, max q = {q} over {len(model.blocks)} blocks{share}\n", style=STATUS_STYLE.get(_status_of(summary), ""))
+        Text(f"{model.spec}: {summary}, max q = {q} over {len(model.blocks)} blocks{share}{hidden}\n", style=STATUS_STYLE.get(_status_of(summary), ""))
     )
     return Group(*parts)
 
@@ -145,10 +148,14 @@ def print_report(report: Report, console: Optional[Console] = None, *, show_all_
     for model in report.models:
         console.print(model_renderable(model, show_all_derivations=show_all_derivations))
     errors, warnings, infos = report.count("error"), report.count("warning"), report.count("info")
+    hidden = f", {len(report.suppressed)} suppressed" if report.suppressed else ""
+    failed = f" {len(report.failures)} model(s) could not be analysed." if report.failures else ""
     if errors or warnings:
-        console.print(Text(f"Found {errors} error(s), {warnings} warning(s), {infos} info.", style="bold red" if errors else "yellow"))
+        console.print(Text(f"Found {errors} error(s), {warnings} warning(s), {infos} info{hidden}.{failed}", style="bold red" if errors else "yellow"))
+    elif report.failures:
+        console.print(Text(f"No findings ({infos} info{hidden}).{failed}", style="bold red"))
     else:
-        console.print(Text(f"All checks passed ({infos} info).", style="bold green"))
+        console.print(Text(f"All checks passed ({infos} info{hidden}).", style="bold green"))
 
 
 def render_full(report: Report, *, show_all_derivations: bool = False, width: int = 120) -> str:

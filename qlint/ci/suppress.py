@@ -17,7 +17,7 @@ import os
 import re
 import tokenize
 from dataclasses import dataclass, field, replace
-from typing import Optional
+from typing import Iterable, Optional
 
 from qlint.ci.config import Config
 from qlint.core.results import Finding, ModelReport, Source
@@ -37,6 +37,7 @@ class Directive:
     span: tuple[int, int]
     codes: Optional[tuple[str, ...]]  # None: blanket noqa
     used: set[str] = field(default_factory=set)  # codes it suppressed ("*" for blanket)
+    standalone: bool = False  # alone on its line: covers no code, so it is always misplaced
 
     def covers(self, line: int) -> bool:
         return self.span[0] <= line <= self.span[1]
@@ -81,7 +82,7 @@ def scan_source(text: str, file: str = "<string>") -> list[Directive]:
                 continue
             if logical_start is None:  # a comment on a line of its own
                 row = tok.start[0]
-                directives.append(Directive(file, row, (row, row), parsed[0]))
+                directives.append(Directive(file, row, (row, row), parsed[0], standalone=True))
             else:
                 pending.append((tok.start[0], parsed[0]))
         elif tok.type == tokenize.NEWLINE:
@@ -125,78 +126,109 @@ def _code_matches(selectors: set[str], code: str) -> bool:
     return any(s == "ALL" or code.startswith(s) for s in selectors)
 
 
-def apply_suppressions(model_report: ModelReport, config: Optional[Config] = None) -> ModelReport:
-    """Apply rule selection, ``per-block-ignores`` and noqa comments; add QL100.
+NEAR = 3  # a noqa alone on a line this close to an accepted line gets a "move it to line N" hint
 
-    Returns a new :class:`ModelReport` whose findings are the original ones that are
-    enabled (``select``/``ignore``), not ignored for their block, and not suppressed
-    by a comment, followed by one QL100 (if enabled) per noqa comment on a line qlint
-    looked at that suppressed nothing (or named codes that did not fire there).
+
+def accepted_lines(finding: Finding) -> list[Source]:
+    """Where a noqa for ``finding`` may go: its line and every other line its message names."""
+    return [s for s in (finding.source, *finding.related) if s is not None]
+
+
+@dataclass
+class _Looked:
+    """A noqa comment on a line some model's analysis read, shared by every model of the run."""
+
+    directive: Directive
+    shown_file: str
+    owner: int  # index of the first model that read the line: QL100 is reported there
+    block: Optional[str]
+
+
+def apply_suppressions(models: list[ModelReport], config: Optional[Config] = None) -> list[ModelReport]:
+    """Apply rule selection, ``per-block-ignores`` and noqa comments to the models of one run; add QL100.
+
+    Each model keeps the findings that are enabled (``select``/``ignore``), not ignored
+    for their block and not suppressed by a comment; the others move to its
+    ``suppressed`` list, marked with how. A comment counts for every model it suppresses
+    a finding in, so QL100 (unused noqa, if enabled) fires once, in the first model that
+    read its line, only when no model used it; a comment alone on a line a few lines
+    from where it would work (the line above, say) is reported with the line to move it to.
     """
     from qlint.lint.rule import rules as all_rules
 
     config = config or Config()
     rules = all_rules()
-    findings = model_report.findings
-
-    # Lines qlint looked at: each block's residual add and each finding's place.
-    looked: dict[str, set[int]] = {}
-    blocks_at: dict[tuple[str, int], str] = {}
-    for block in model_report.blocks:
-        if block.source is not None:
-            looked.setdefault(_key(block.source.file), set()).add(block.source.line)
-            blocks_at.setdefault((_key(block.source.file), block.source.line), block.name)
-    for finding in findings:
-        if finding.source is not None:
-            looked.setdefault(_key(finding.source.file), set()).add(finding.source.line)
-
-    shown_name: dict[str, str] = {}
-    for item in [*(b.source for b in model_report.blocks), *(f.source for f in findings)]:
-        if item is not None:
-            shown_name.setdefault(_key(item.file), item.file)
-
-    directives: dict[str, list[Directive]] = {}
-    for file_key, lines in looked.items():
-        relevant = [
-            d for d in scan_file(shown_name.get(file_key, file_key)) if any(d.covers(n) for n in lines)
-        ]
-        if relevant:
-            directives[file_key] = relevant
-
-    kept: list[Finding] = []
-    for finding in findings:
-        if not config.is_selected(finding.code):
-            continue
-        if _code_matches(config.block_ignores(finding.block), finding.code):
-            continue
-        if finding.source is not None:
-            covering = [
-                d for d in directives.get(_key(finding.source.file), []) if d.covers(finding.source.line)
-            ]
-            hits = [d for d in covering if d.matches(finding.code)]
-            if hits:
-                for d in hits:
-                    d.used.add("*" if d.codes is None else finding.code)
+    looked: dict[tuple[str, int], _Looked] = {}
+    results: list[ModelReport] = []
+    misplaced: list[tuple[int, Finding]] = []
+    for index, model in enumerate(models):
+        _read_comments(model, index, looked)
+        kept, suppressed = [], list(model.suppressed)
+        for finding in model.findings:
+            if not config.is_selected(finding.code):
                 continue
-        kept.append(finding)
+            if _code_matches(config.block_ignores(finding.block), finding.code):
+                suppressed.append(replace(finding, suppression="per-block-ignores"))
+                continue
+            hits = [
+                entry.directive for entry in looked.values()
+                if entry.directive.matches(finding.code)
+                and any(_key(s.file) == _key(entry.shown_file) and entry.directive.covers(s.line) for s in accepted_lines(finding))
+            ]
+            if hits:
+                for directive in hits:
+                    directive.used.add("*" if directive.codes is None else finding.code)
+                suppressed.append(replace(finding, suppression="noqa"))
+                continue
+            kept.append(finding)
+            misplaced.append((index, finding))
+        results.append(replace(model, findings=kept, suppressed=suppressed))
 
-    if config.is_selected("QL100"):
-        unused_findings = []
-        for file_key, items in directives.items():
-            for d in items:
-                message = _unused_message(d, rules, config)
-                if message is None:
-                    continue
-                block_name = next(
-                    (name for (k, row), name in blocks_at.items() if k == file_key and d.covers(row)),
-                    None,
-                )
-                if _code_matches(config.block_ignores(block_name), "QL100"):
-                    continue
-                unused_findings.append(rules["QL100"].finding(block_name, Source(shown_name.get(file_key, d.file), d.line), **message))
-        unused_findings.sort(key=lambda f: (f.source.file, f.source.line) if f.source else ("", 0))
-        kept.extend(unused_findings)
-    return replace(model_report, findings=kept)
+    if not config.is_selected("QL100"):
+        return results
+    unused: dict[int, list[Finding]] = {}
+    hinted: set[tuple[str, int]] = set()
+    for index, finding in misplaced:
+        for near, target in _near_misses(finding):
+            if (_key(near.file), near.line) in hinted or _code_matches(config.block_ignores(finding.block), "QL100"):
+                continue
+            hinted.add((_key(near.file), near.line))
+            unused.setdefault(index, []).append(rules["QL100"].finding(
+                finding.block, near, blanket="", detail=f" (not on a line qlint reads for {finding.code}: "
+                f"move it to line {target.line}, which the finding names)"))
+    for (file_key, row), entry in looked.items():
+        message = _unused_message(entry.directive, rules, config)
+        if message is None or (file_key, row) in hinted or _code_matches(config.block_ignores(entry.block), "QL100"):
+            continue
+        unused.setdefault(entry.owner, []).append(rules["QL100"].finding(entry.block, Source(entry.shown_file, row), **message))
+    for index, extra in unused.items():
+        extra.sort(key=lambda f: (f.source.file, f.source.line) if f.source else ("", 0))
+        results[index] = replace(results[index], findings=[*results[index].findings, *extra])
+    return results
+
+
+def _read_comments(model: ModelReport, index: int, looked: dict[tuple[str, int], _Looked]) -> None:
+    """Record the noqa comments on the lines this model's analysis read (block adds, finding lines)."""
+    lines: dict[str, dict[int, Optional[str]]] = {}
+    shown: dict[str, str] = {}
+    places = [(b.source, b.name) for b in model.blocks] + [(s, f.block) for f in model.findings for s in accepted_lines(f)]
+    for source, block in places:
+        if source is not None:
+            lines.setdefault(_key(source.file), {}).setdefault(source.line, block)
+            shown.setdefault(_key(source.file), source.file)
+    for file_key, rows in lines.items():
+        for directive in scan_file(shown[file_key]):
+            covered = [row for row in rows if directive.covers(row)]
+            if covered and (file_key, directive.line) not in looked:
+                looked[(file_key, directive.line)] = _Looked(directive, shown[file_key], index, rows[covered[0]])
+
+
+def _near_misses(finding: Finding) -> Iterable[tuple[Source, Source]]:
+    """Comments alone on a line, naming ``finding``'s code, a few lines from a line that would accept them."""
+    for target in accepted_lines(finding):
+        for directive in scan_file(target.file):
+            if directive.standalone and directive.matches(finding.code) and abs(directive.line - target.line) <= NEAR:
+                yield Source(target.file, directive.line), target
 
 
 def _unused_message(d: Directive, rules: dict, config: Config) -> Optional[dict[str, str]]:

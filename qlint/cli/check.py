@@ -4,12 +4,14 @@ Settings come from ``[tool.qlint]`` (see docs/ci.md) with the command-line flags
 top; a bare ``qlint`` checks the configured ``models``. Findings then go through rule
 selection, ``per-block-ignores`` and ``# qlint: noqa`` comments, and the baseline.
 Exit codes: 0 when no remaining finding reaches ``--fail-on`` (or ``--exit-zero``,
-or ``--write-baseline``), 1 when one does, 2 when qlint could not run.
+or ``--write-baseline``), 1 when one does, 2 when qlint could not run or could
+not analyse a model (every other model is still analysed and reported).
 """
 
 from __future__ import annotations
 
 import sys
+import traceback
 from pathlib import Path
 from typing import Any, Optional
 
@@ -32,7 +34,9 @@ def _codes(values: tuple[str, ...]) -> Optional[list[str]]:
 @click.option("--format", "--output-format", "output_format", type=click.Choice(FORMATS), default=None,
               help="Report format (default: full, or output-format in [tool.qlint]).")
 @click.option("-o", "--output-file", type=click.Path(dir_okay=False), default=None,
-              help="Write the report to this file instead of stdout.")
+              help="Write the report to this file instead of stdout (a summary still goes to stderr).")
+@click.option("--output", "extra_outputs", multiple=True, metavar="FORMAT:PATH",
+              help="Also write the report in FORMAT to PATH, e.g. sarif:qlint.sarif (repeatable).")
 @click.option("--statistics", is_flag=True, help="Print the number of findings per rule instead of the findings.")
 @click.option("--exit-zero", is_flag=True, help="Exit 0 even when findings fail the run (2 still means qlint could not run).")
 @click.option("--fail-on", type=click.Choice(["error", "warning", "info"]), default=None,
@@ -60,6 +64,7 @@ def command(
     specs: tuple[str, ...],
     output_format: Optional[str],
     output_file: Optional[str],
+    extra_outputs: tuple[str, ...],
     statistics: bool,
     exit_zero: bool,
     fail_on: Optional[str],
@@ -85,6 +90,7 @@ def command(
     Without SPEC, checks the `models` listed in [tool.qlint] (pyproject.toml).
     """
     with fail_cleanly(show_traceback):
+        outputs = [parse_output(value) for value in extra_outputs]
         config = _configure(
             specs, config_args, isolated,
             select=_codes(select), extend_select=_codes(extend_select), ignore=_codes(ignore),
@@ -92,8 +98,8 @@ def command(
             input_dtype=input_dtype, input_shapes=list(input_shapes) or None,
             output_format=output_format, baseline=baseline,
         )  # fmt: skip
-        report = _analyse(config, remedies=show_remedies)
-        if write_baseline is not None:
+        report = _analyse(config, remedies=show_remedies, show_traceback=show_traceback)
+        if write_baseline is not None and not report.failures:
             from qlint.ci.baseline import write_baseline as write
 
             count = write(report, write_baseline)
@@ -102,12 +108,33 @@ def command(
             from qlint.ci.baseline import filter_new
 
             report = filter_new(report, config.baseline)
-        from qlint.ci.formats import write_output
+        from qlint.ci.formats import summary_line, write_output
 
         _write(report, config.output_format, output_file, statistics, show_derivation, write_output)
+        for fmt, path in outputs:
+            _write(report, fmt, path, statistics, show_derivation, write_output)
+        if output_file is not None or (outputs and config.output_format != "full"):
+            written = ", ".join(f"{fmt} to {path}" for fmt, path in [(config.output_format, output_file), *outputs] if path)
+            click.echo(f"qlint: {summary_line(report)} Wrote {written}.", err=True)
+    if report.failures:
+        for model in report.failures:
+            click.echo(f"qlint: error: {model.failure_line()}", err=True)
+        if write_baseline is not None:
+            click.echo(f"qlint: error: {write_baseline} not written: a baseline of a run where a model failed would drop its entries", err=True)
+        sys.exit(2)
     if exit_zero or write_baseline is not None:
         sys.exit(0)
     sys.exit(1 if any(config.fails(f.severity) for f in report.findings) else 0)
+
+
+def parse_output(value: str) -> tuple[str, str]:
+    """``"sarif:qlint.sarif"`` -> ``("sarif", "qlint.sarif")``; a usage error names the mistake."""
+    fmt, sep, path = value.partition(":")
+    if not sep or not path or fmt not in FORMATS:
+        raise click.BadParameter(
+            f"expected FORMAT:PATH with FORMAT one of {', '.join(FORMATS)}, got {value!r}", param_hint="'--output'"
+        )
+    return fmt, path
 
 
 def _configure(specs: tuple[str, ...], config_args: tuple[str, ...], isolated: bool, **flags: Any) -> Any:
@@ -131,10 +158,15 @@ def _is_inline(arg: str) -> bool:
     return "=" in arg and not Path(arg).is_file()
 
 
-def _analyse(config: Any, *, remedies: bool = False) -> Any:
+def _analyse(config: Any, *, remedies: bool, show_traceback: bool) -> Any:
+    """Every model, each failure kept in the report (and its traceback printed with --traceback)."""
     from qlint.api import analyse_configured
 
-    return analyse_configured(config, remedies=remedies)
+    def print_traceback(spec: str, exc: BaseException) -> None:
+        if show_traceback:
+            traceback.print_exception(type(exc), exc, exc.__traceback__)
+
+    return analyse_configured(config, remedies=remedies, on_failure=print_traceback)
 
 
 def _write(report: Any, fmt: str, output_file: Optional[str], statistics: bool, show_derivation: bool, write_output: Any) -> None:

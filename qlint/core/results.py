@@ -15,7 +15,8 @@ from qlint.core.algebra import Exponent
 
 Severity = Literal["error", "warning", "info"]
 BlockStatus = Literal["ok", "supercritical", "uncertified"]
-Verdict = Literal["certified", "supercritical", "uncertified"]
+Verdict = Literal["certified", "supercritical", "uncertified", "failed"]
+Suppression = Literal["noqa", "per-block-ignores", "baseline"]
 SEVERITY_RANK = {"info": 0, "warning": 1, "error": 2}
 
 
@@ -137,15 +138,22 @@ class Finding:
     message: str
     block: Optional[str] = None
     source: Optional[Source] = None
+    suppression: Optional[Suppression] = None  # set on the findings in ModelReport.suppressed
+    related: tuple[Source, ...] = ()  # other lines the message names (the dominant op's), noqa may go there too
 
     def to_dict(self) -> dict[str, Any]:
-        return {
+        data = {
             "code": self.code,
             "severity": self.severity,
             "message": self.message,
             "block": self.block,
             "source": self.source.to_dict() if self.source else None,
         }
+        if self.related:
+            data["related"] = [s.to_dict() for s in self.related]
+        if self.suppression is not None:
+            data["suppression"] = self.suppression
+        return data
 
 
 @dataclass
@@ -161,6 +169,18 @@ class ModelReport:
     transitions: list[Transition] = field(default_factory=list)
     uncovered: list[str] = field(default_factory=list)  # why part of the stream is outside the analysis
     extra: dict[str, Any] = field(default_factory=dict)
+    suppressed: list[Finding] = field(default_factory=list)  # by noqa, per-block-ignores or the baseline
+    failure: Optional[str] = None  # why qlint could not analyse this model (exit 2)
+
+    @classmethod
+    def failed(cls, spec: str, reason: str) -> "ModelReport":
+        """The report of a model qlint could not load, trace or analyse."""
+        return cls(spec=spec, tracer="", mode="eval", blocks=[], failure=reason)
+
+    def failure_line(self) -> str:
+        """``"spec: why it failed"``, naming the spec once (load errors already name it)."""
+        reason = self.failure or ""
+        return reason if reason.startswith(self.spec) else f"{self.spec}: {reason}"
 
     @property
     def max_q(self) -> Exponent:
@@ -178,7 +198,13 @@ class ModelReport:
 
     @property
     def verdict(self) -> Verdict:
-        """certified only when every block and transition was found and bounded (fail closed)."""
+        """certified only when every block and transition was found and bounded (fail closed).
+
+        Suppressing a finding accepts it for the gate; it does not change what was proved,
+        so the verdict stays (the report counts what is suppressed beside it).
+        """
+        if self.failure is not None:
+            return "failed"
         parts = [*self.blocks, *self.transitions]
         if self.uncovered or not self.blocks or any(p.status == "uncertified" for p in parts):
             return "uncertified"
@@ -206,7 +232,10 @@ class ModelReport:
             "transitions": [t.to_dict() for t in self.transitions],
             "uncovered": list(self.uncovered),
             "findings": [f.to_dict() for f in self.findings],
+            "suppressed": [f.to_dict() for f in self.suppressed],
         }
+        if self.failure is not None:
+            data["failure"] = self.failure
         data.update(self.extra)
         return data
 
@@ -216,10 +245,20 @@ class Report:
     """A run over one or more models."""
 
     models: list[ModelReport]
+    baseline: Optional[str] = None  # the baseline file applied, if any
 
     @property
     def findings(self) -> list[Finding]:
         return [f for m in self.models for f in m.findings]
+
+    @property
+    def suppressed(self) -> list[Finding]:
+        return [f for m in self.models for f in m.suppressed]
+
+    @property
+    def failures(self) -> list[ModelReport]:
+        """The models qlint could not analyse: the run exits 2 after reporting the others."""
+        return [m for m in self.models if m.failure is not None]
 
     def count(self, severity: Severity) -> int:
         return sum(1 for f in self.findings if f.severity == severity)
@@ -233,5 +272,7 @@ class Report:
                 "errors": self.count("error"),
                 "warnings": self.count("warning"),
                 "infos": self.count("info"),
+                "suppressed": len(self.suppressed),
+                "failed": len(self.failures),
             },
         }

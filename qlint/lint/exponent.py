@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 import math
-from typing import Any, Iterable, Union
+from typing import Any, Iterable, Optional, Union
 
 from qlint.core.algebra import format_q
 from qlint.core.engine import Analysis, dominant_step
-from qlint.core.results import Block, Finding, Transition
+from qlint.core.results import Block, Finding, Source, Transition
 from qlint.lint.rule import checker, rule
 
 Part = Union[Block, Transition]
@@ -20,9 +20,14 @@ def _parts(analysis: Analysis) -> Iterable[tuple[str, Part]]:
         yield "transition", transition
 
 
-def _at(part: Part) -> str:
+def _dominant_source(part: Part) -> Optional[Source]:
     step = dominant_step(part)  # type: ignore[arg-type]
-    return f" at {step.source}" if step and step.source else ""
+    return step.source if step else None
+
+
+def _at(part: Part) -> str:
+    source = _dominant_source(part)
+    return f" at {source}" if source else ""
 
 
 def _culprit(part: Part) -> str:
@@ -34,7 +39,8 @@ def supercritical(analysis: Analysis) -> Iterable[Finding]:
     for kind, part in _parts(analysis):
         if part.q is not None and not math.isinf(part.q) and part.q > analysis.threshold:
             yield rule("QL101").finding(part.name, part.source, kind=kind, name=part.name, q=format_q(part.q),
-                                        threshold=f"{analysis.threshold:g}", dominant=part.dominant, at=_at(part))
+                                        threshold=f"{analysis.threshold:g}", dominant=part.dominant, at=_at(part),
+                                        related=[_dominant_source(part)])
 
 
 @checker("QL102")

@@ -36,9 +36,12 @@ class Rule:
     produced_by: str = "check"  # "check" (qlint check) or the command that reports it ("probe --loop")
     source: str = ""
 
-    def finding(self, block: Optional[str] = None, source: Optional[Source] = None, **fields: Any) -> Finding:
-        """A finding of this rule: its code, its severity, its message filled with ``fields``."""
-        return Finding(self.code, self.severity, self.message.format(**fields), block, source)
+    def finding(self, block: Optional[str] = None, source: Optional[Source] = None, *,
+                related: Iterable[Optional[Source]] = (), **fields: Any) -> Finding:
+        """A finding of this rule: its code, its severity, its message filled with ``fields``;
+        ``related``: the other source lines the message names."""
+        others = tuple(dict.fromkeys(s for s in related if s is not None and s != source))
+        return Finding(self.code, self.severity, self.message.format(**fields), block, source, related=others)
 
     def doc(self) -> str:
         """The rule's documentation as Markdown (``qlint explain``, docs/rules.md)."""

@@ -1,0 +1,168 @@
+"""qlint as a pull-request gate, through the real command line: one failing model does not
+hide the others, several outputs from one run, suppressions that are per model and
+placeable, and suppressed findings that stay visible (SARIF ``suppressions``)."""
+
+import json
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from conftest import ROOT
+
+MODELS = textwrap.dedent(
+    """\
+    import torch
+    from torch import nn
+
+
+    class Power(nn.Module):
+        def __init__(self, p):
+            super().__init__()
+            self.p = p
+            self.lin = nn.Linear(8, 8)
+
+        def forward(self, x):
+            h = self.lin(x) ** self.p
+            return x + h  # qlint: noqa: QL101
+
+
+    class Above(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.lin = nn.Linear(8, 8)
+
+        def forward(self, x):
+            # qlint: noqa: QL101
+            return x + self.lin(x) ** 2
+
+
+    class AtTheDominantOp(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.lin = nn.Linear(8, 8)
+
+        def forward(self, x):
+            h = self.lin(x) ** 3  # qlint: noqa: QL101
+            return x + h
+
+
+    def quadratic():
+        return nn.Sequential(Power(2), nn.LayerNorm(8)), (torch.randn(2, 8),)
+
+
+    def linear():
+        return nn.Sequential(Power(1), nn.LayerNorm(8)), (torch.randn(2, 8),)
+
+
+    def above():
+        return nn.Sequential(Above(), nn.LayerNorm(8)), (torch.randn(2, 8),)
+
+
+    def dominant():
+        return nn.Sequential(AtTheDominantOp(), nn.LayerNorm(8)), (torch.randn(2, 8),)
+
+
+    def broken():
+        raise RuntimeError("this factory is broken")
+    """
+)
+ADD_LINE, ABOVE_COMMENT, ABOVE_ADD = 13, 22, 23
+
+
+@pytest.fixture
+def project(tmp_path: Path) -> Path:
+    (tmp_path / "models.py").write_text(MODELS, encoding="utf-8")
+    (tmp_path / "pyproject.toml").write_text("[tool.qlint]\n", encoding="utf-8")
+    return tmp_path
+
+
+def qlint(project: Path, *args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "qlint", *args], capture_output=True, text=True, cwd=project,
+                          timeout=300, env={**_env(), "PYTHONPATH": str(ROOT)})
+
+
+def _env() -> dict:
+    import os
+
+    return {k: v for k, v in os.environ.items() if k != "COLUMNS"}
+
+
+def test_a_failing_model_does_not_hide_the_others(project):
+    run = qlint(project, "models.py:broken", "models.py:quadratic", "--format", "json",
+                "--output", "sarif:out.sarif")
+    assert run.returncode == 2, run.stderr
+    doc = json.loads(run.stdout)
+    verdicts = {m["spec"]: m["verdict"] for m in doc["models"]}
+    assert verdicts == {"models.py:broken": "failed", "models.py:quadratic": "supercritical"}  # its QL101 is noqa-accepted
+    assert "this factory is broken" in doc["models"][0]["failure"] and doc["summary"]["failed"] == 1
+    assert "qlint: error: " in run.stderr and "this factory is broken" in run.stderr
+    sarif = json.loads((project / "out.sarif").read_text())
+    invocation = sarif["runs"][0]["invocations"][0]
+    assert invocation["executionSuccessful"] is False
+    [note] = invocation["toolExecutionNotifications"]
+    assert note["level"] == "error" and "models.py:broken" in note["message"]["text"]
+    assert note["locations"][0]["physicalLocation"]["artifactLocation"] == {"uri": "models.py", "uriBaseId": "%SRCROOT%"}
+
+
+def test_a_failing_model_writes_no_baseline(project):
+    run = qlint(project, "models.py:broken", "models.py:above", "--write-baseline", "base.json")
+    assert run.returncode == 2
+    assert "base.json not written" in run.stderr and not (project / "base.json").exists()
+
+
+def test_a_report_written_to_a_file_still_leaves_a_line_in_the_log(project):
+    run = qlint(project, "models.py:above", "--format", "sarif", "-o", "qlint.sarif")
+    assert run.returncode == 1 and run.stdout == ""
+    assert "Found 2 findings (1 error, 1 warning). Wrote sarif to qlint.sarif." in run.stderr
+    assert json.loads((project / "qlint.sarif").read_text())["runs"][0]["invocations"][0]["executionSuccessful"] is True
+
+
+def test_bad_output_argument_is_a_usage_error(project):
+    run = qlint(project, "models.py:above", "--output", "xml:out.xml")
+    assert run.returncode == 2 and "expected FORMAT:PATH" in run.stderr and "Traceback" not in run.stderr
+
+
+def test_noqa_shared_by_two_models_counts_for_the_model_it_suppresses_in(project):
+    # Power's add line is read by both models; only `quadratic` has a QL101 there.
+    run = qlint(project, "models.py:quadratic", "models.py:linear", "--format", "json", "--fail-on", "warning")
+    assert run.returncode == 0, run.stdout
+    doc = json.loads(run.stdout)
+    assert [f["code"] for m in doc["models"] for f in m["findings"]] == []
+    assert [(f["code"], f["suppression"]) for f in doc["models"][0]["suppressed"]] == [("QL101", "noqa")]
+    alone = json.loads(qlint(project, "models.py:linear", "--format", "json").stdout)
+    assert [(f["code"], f["source"]["line"]) for f in alone["models"][0]["findings"]] == [("QL100", ADD_LINE)]
+
+
+def test_noqa_on_the_line_above_says_where_it_must_go(project):
+    doc = json.loads(qlint(project, "models.py:above", "--format", "json").stdout)
+    findings = {f["code"]: f for f in doc["models"][0]["findings"]}
+    assert set(findings) == {"QL101", "QL100"}
+    assert findings["QL100"]["source"]["line"] == ABOVE_COMMENT
+    assert f"move it to line {ABOVE_ADD}" in findings["QL100"]["message"]
+
+
+def test_noqa_on_the_dominant_op_line_named_by_the_message_is_accepted(project):
+    doc = json.loads(qlint(project, "models.py:dominant", "--format", "json").stdout)
+    [model] = doc["models"]
+    assert model["findings"] == [] and model["verdict"] == "supercritical"
+    [accepted] = model["suppressed"]
+    assert accepted["code"] == "QL101" and accepted["related"][0]["line"] == accepted["source"]["line"] - 1
+
+
+def test_suppressed_and_baselined_findings_stay_visible(project):
+    sarif = json.loads(qlint(project, "models.py:quadratic", "--format", "sarif").stdout)
+    [result] = sarif["runs"][0]["results"]
+    assert result["ruleId"] == "QL101" and result["suppressions"] == [{"kind": "inSource", "justification": "noqa"}]
+    markdown = qlint(project, "models.py:quadratic", "--format", "markdown").stdout
+    assert "❌ supercritical, accepted" in markdown and "none (1 suppressed)" in markdown
+
+    assert qlint(project, "models.py:above", "--write-baseline", "base.json").returncode == 0
+    run = qlint(project, "models.py:above", "--baseline", "base.json", "--format", "sarif")
+    assert run.returncode == 0
+    states = sorted(r["baselineState"] for r in json.loads(run.stdout)["runs"][0]["results"])
+    assert states == ["unchanged", "unchanged"]
+    full = qlint(project, "models.py:above", "--baseline", "base.json")
+    assert "2 finding(s) suppressed (baseline)" in full.stdout and "All checks passed (0 info, 2 suppressed)." in full.stdout
