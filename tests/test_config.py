@@ -107,6 +107,10 @@ def test_explicit_config_path_and_inline_overrides(tmp_path):
             r"unknown key 'tool\.qlint\.per-model\.\"m\.py:f\"\.input-shape' \(did you mean 'input-shapes'\?\)",
         ),
         ('[tool.qlint.per-model."m.py:f"]\nmode = 3', r"per-model\.\"m\.py:f\"\.mode': invalid value 3"),
+        (
+            'models = ["m.py:build"]\n[tool.qlint.per-model."m.py:buld"]\nmode = "eval"',
+            r"per-model\.\"m\.py:buld\"' names no model in 'models'; did you mean 'm\.py:build'\?",
+        ),
         ('[tool.qlint.primitives]\n"pkg.Gate" = { q = 0 }', r"primitives\.\"pkg\.Gate\"\.why' is required"),
         ('[tool.qlint.primitives]\n"pkg.Gate" = { q = -1, why = "x" }', r"\.q' must be a number >= 0"),
         ('[tool.qlint.primitives]\n"Gate" = { q = 0, why = "x" }', r"expected a dotted 'module\.Class'"),

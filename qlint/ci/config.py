@@ -426,6 +426,7 @@ def parse_config(
             _check_keys(settings, MODEL_KEYS, where, sub_prefix)
 
             cfg.per_model[normalize_spec(spec, root)] = _model_override(settings, where, sub_prefix)
+        _per_model_names_models(cfg, _str_list(get("models"), key("models")) if "models" in table else [], raw, root, where, prefix)
 
     if "primitives" in table:
         raw = get("primitives")
@@ -486,6 +487,18 @@ def _str_list(value: Any, key: str) -> list[str]:
     if not isinstance(value, list) or not all(isinstance(v, str) and v.strip() for v in value):
         raise ConfigError(f"{key} must be an array of non-empty strings (got {_type_name(value)})")
     return [v.strip() for v in value]
+
+
+def _per_model_names_models(cfg: Config, written: list[str], raw: dict[str, Any], root: Path, where: str, prefix: str) -> None:
+    """A ``per-model`` key that names none of the file's ``models`` is a typo that would
+    silently not apply: an error with a did-you-mean (no check when ``models`` is unset)."""
+    if not written:
+        return
+    for spec in raw:
+        if normalize_spec(spec, root) not in cfg.models:
+            guess = difflib.get_close_matches(spec, written, n=1, cutoff=0.6)
+            hint = f"; did you mean '{guess[0]}'?" if guess else f" (models: {', '.join(written)})"
+            raise ConfigError(f"{where}'{prefix}per-model.\"{spec}\"' names no model in 'models'{hint}")
 
 
 def _selectors(value: Any, key: str, *, allow_empty: bool = True) -> tuple[str, ...]:
