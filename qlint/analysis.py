@@ -18,6 +18,7 @@ import torch
 from qlint.registry import Declared
 from qlint.registry import default as default_registry
 from qlint.core.engine import Analysis, analyse
+from qlint.core.results import ModelReport
 from qlint.core.trace import TracedGraph, capture
 from qlint.lint import run_checks
 from qlint.loader import LoadedModel, load, make_inputs
@@ -55,9 +56,31 @@ def run(model: torch.nn.Module, inputs: Optional[tuple], *, spec: str, options: 
         analysis = analyse(model, inputs, traced, registry, spec=spec, threshold=options.threshold)
         analysis.options = options
         analysis.report.findings = run_checks(analysis)
+        analysis.report.anchors = class_paths(model, analysis.report)
     finally:
         model.train(was_training)
     return analysis
+
+
+def class_paths(model: torch.nn.Module, report: ModelReport) -> dict[str, str]:
+    """Each block's, transition's and finding's place as the classes on its module path.
+
+    ``"layers.3:mlp"`` in a ``GPT`` -> ``"GPT>ModuleList>Block>MLP"``: the same after
+    ``self.layers`` is renamed or a layer is inserted in front, so baselines keep matching.
+    The path stops at the first part that is not a submodule; ``""`` is the model's class.
+    """
+    modules = dict(model.named_modules())
+    names = {p.name for p in [*report.blocks, *report.transitions]} | {f.block for f in report.findings if f.block}
+    paths = {"": type(model).__qualname__}
+    for name in names:
+        classes, parts = [type(model).__qualname__], name.replace(":", ".").split(".")
+        for end in range(1, len(parts) + 1):
+            module = modules.get(".".join(parts[:end]))
+            if module is None:
+                break
+            classes.append(type(module).__qualname__)
+        paths[name] = ">".join(classes)
+    return paths
 
 
 def analyze(model: torch.nn.Module, example_inputs: Optional[tuple] = None, *, spec: Optional[str] = None,

@@ -308,7 +308,7 @@ def to_sarif(report: Report, root: Optional[Path] = None) -> dict[str, Any]:
     seen: Counter[str] = Counter()
     every = [*_sorted_findings(report), *((m, f) for m in report.models for f in m.suppressed)]
     for model, finding in every:
-        key = finding_key(model.spec, finding, root)
+        key = finding_key(model, finding, root)
         digest = hashlib.sha256("\0".join(key).encode("utf-8")).hexdigest()[:32]
         seen[digest] += 1
         result: dict[str, Any] = {
@@ -316,7 +316,7 @@ def to_sarif(report: Report, root: Optional[Path] = None) -> dict[str, Any]:
             "ruleIndex": index[finding.code],
             "level": SARIF_LEVEL.get(finding.severity, "warning"),
             "message": {"text": finding.message or finding.code},
-            "partialFingerprints": {"qlintFindingHash/v1": f"{digest}:{seen[digest]}"},
+            "partialFingerprints": {"qlintFindingHash/v2": f"{digest}:{seen[digest]}"},
             "properties": {
                 k: v
                 for k, v in (("model", key[0]), ("block", finding.block), ("severity", finding.severity))

@@ -1,7 +1,10 @@
 """Where a finding is and who it is: paths relative to a root, and the line-free key baselines and SARIF share.
 
-A finding's identity is (model spec, rule code, block name, hash of the normalised
-message): no line numbers or folder names, so moving code or the checkout keeps it.
+A finding's identity is (model spec, rule code, fingerprint of its structural
+:class:`Position`): the module classes on its block's path, the block's role, the
+primitive that decided it and its exponent. No line number, file name, layer index,
+attribute name or message text is part of it, so moving code, renaming ``self.layers``,
+inserting a layer in front or rewording a message in a new qlint keeps it.
 """
 
 from __future__ import annotations
@@ -9,13 +12,15 @@ from __future__ import annotations
 import hashlib
 import os
 import re
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional
 
-from qlint.core.results import Finding
+from qlint.core.algebra import format_q
+from qlint.core.results import Finding, ModelReport
 from qlint.loader import is_path_spec, join_spec, split_spec
 
-Key = tuple[str, str, str, str]  # (model, code, block, fingerprint)
+Key = tuple[str, str, str]  # (model, code, fingerprint)
 
 
 def relative_path(file: str, root: Path) -> Optional[str]:
@@ -35,10 +40,11 @@ def relative_path(file: str, root: Path) -> Optional[str]:
 
 _PATH_LINE = re.compile(r"(?P<path>[^\s:'\"()\[\],]*\.py)(?::\d+)+")
 _LINE_WORD = re.compile(r"\b(lines?)\s+\d+(\s*[-–]\s*\d+)?", re.IGNORECASE)
+_INDEX = re.compile(r"(?<=\.)\d+(?=[.:]|$)|^\d+(?=[.:]|$)")
 
 
 def normalize_message(message: str) -> str:
-    """The message without line numbers or folder names, whitespace collapsed.
+    """The message without line numbers or folder names, whitespace collapsed (for display).
 
     ``"x + f(x) at /home/me/pkg/model.py:42"`` -> ``"x + f(x) at model.py"``.
     """
@@ -47,8 +53,35 @@ def normalize_message(message: str) -> str:
     return " ".join(text.split())
 
 
-def fingerprint(message: str) -> str:
-    return hashlib.sha256(normalize_message(message).encode("utf-8")).hexdigest()[:16]
+@dataclass(frozen=True)
+class Position:
+    """Where a finding is, structurally: the module classes on its block's path, what the
+    place is (block, transition, module or the model), and what decided it there."""
+
+    anchor: str  # "GPT>ModuleList>Block>MLP"; without class paths, the name with indices as "*"
+    role: str
+    primitive: str  # the dominant primitive of the block or transition, else ""
+    q: str  # its exponent: a block that gets worse under the same primitive is a new finding
+
+    def fingerprint(self, code: str) -> str:
+        text = "\0".join((code, self.anchor, self.role, self.primitive, self.q))
+        return hashlib.sha256(text.encode("utf-8")).hexdigest()[:16]
+
+
+def position(model: ModelReport, finding: Finding) -> Position:
+    """The finding's :class:`Position` in ``model`` (no line, index, file or message text)."""
+    name = finding.block or ""
+    blocks = {b.name: b for b in model.blocks}
+    transitions = {t.name: t for t in model.transitions}
+    part = blocks.get(name) or transitions.get(name)
+    role = "block" if name in blocks else "transition" if name in transitions else "module" if name else "model"
+    anchor = model.anchors.get(name) or _INDEX.sub("*", name)
+    return Position(anchor, role, part.dominant if part else "", format_q(part.q) if part else "")
+
+
+def model_class(model: ModelReport) -> str:
+    """The analysed model's class ("" when unknown): baselines re-match a renamed spec by it."""
+    return model.anchors.get("", "")
 
 
 def normalize_model_spec(spec: str, root: Optional[Path] = None) -> str:
@@ -61,5 +94,6 @@ def normalize_model_spec(spec: str, root: Optional[Path] = None) -> str:
     return join_spec(rel, attr)
 
 
-def finding_key(spec: str, finding: Finding, root: Optional[Path] = None) -> Key:
-    return (normalize_model_spec(spec, root), finding.code, finding.block or "", fingerprint(finding.message))
+def finding_key(model: ModelReport, finding: Finding, root: Optional[Path] = None) -> Key:
+    """(model spec relative to ``root``, rule code, structural fingerprint)."""
+    return (normalize_model_spec(model.spec, root), finding.code, position(model, finding).fingerprint(finding.code))

@@ -48,6 +48,7 @@ def _codes(values: tuple[str, ...]) -> Optional[list[str]]:
               help="Report only findings not recorded in this baseline file.")
 @click.option("--write-baseline", type=click.Path(dir_okay=False), default=None,
               help="Record the current findings in this baseline file and exit 0.")
+@click.option("--prune-baseline", is_flag=True, help="Drop the baseline's entries that match no finding (rewrites the baseline file).")
 @click.option("--config", "config_args", multiple=True, metavar="PATH | KEY=VALUE",
               help="A config file to use instead of discovery, or an inline TOML override such as \"fail-on = 'warning'\".")
 @click.option("--isolated", is_flag=True, help="Ignore every configuration file.")
@@ -73,6 +74,7 @@ def command(
     ignore: tuple[str, ...],
     baseline: Optional[str],
     write_baseline: Optional[str],
+    prune_baseline: bool,
     config_args: tuple[str, ...],
     isolated: bool,
     input_shapes: tuple[str, ...],
@@ -105,9 +107,9 @@ def command(
             count = write(report, write_baseline)
             click.echo(f"qlint: wrote {count} finding(s) to {write_baseline}", err=True)
         elif config.baseline is not None:
-            from qlint.ci.baseline import filter_new
-
-            report = filter_new(report, config.baseline)
+            report = _apply_baseline(report, config.baseline, prune=prune_baseline)
+        elif prune_baseline:
+            raise click.UsageError("--prune-baseline needs a baseline (--baseline PATH or baseline = ... in [tool.qlint])")
         from qlint.ci.formats import summary_line, write_output
 
         _write(report, config.output_format, output_file, statistics, show_derivation, write_output)
@@ -125,6 +127,23 @@ def command(
     if exit_zero or write_baseline is not None:
         sys.exit(0)
     sys.exit(1 if any(config.fails(f.severity) for f in report.findings) else 0)
+
+
+def _apply_baseline(report: Any, path: Path, *, prune: bool) -> Any:
+    """Accept the baselined findings; report stale entries, or drop them with --prune-baseline."""
+    from qlint.ci.baseline import filter_new, prune_baseline
+
+    report = filter_new(report, path)
+    stale = sum(entry["count"] for entry in report.stale_baseline)
+    if prune and report.failures:
+        click.echo(f"qlint: error: {path} not pruned: entries of the model that failed would be dropped", err=True)
+    elif prune:
+        prune_baseline(report, path)
+        click.echo(f"qlint: pruned {stale} stale entr{'y' if stale == 1 else 'ies'} from {path}", err=True)
+    elif stale:
+        click.echo(f"qlint: warning: {stale} baseline entr{'y' if stale == 1 else 'ies'} in {path} match no finding "
+                   "(fixed, or changed beyond recognition): drop them with --prune-baseline", err=True)
+    return report
 
 
 def parse_output(value: str) -> tuple[str, str]:

@@ -171,6 +171,9 @@ class ModelReport:
     extra: dict[str, Any] = field(default_factory=dict)
     suppressed: list[Finding] = field(default_factory=list)  # by noqa, per-block-ignores or the baseline
     failure: Optional[str] = None  # why qlint could not analyse this model (exit 2)
+    # module class path of each block / finding place ("" -> the model's class): a finding's
+    # identity that survives renamed attributes and inserted layers (qlint.ci.identity)
+    anchors: dict[str, str] = field(default_factory=dict)
 
     @classmethod
     def failed(cls, spec: str, reason: str) -> "ModelReport":
@@ -246,6 +249,7 @@ class Report:
 
     models: list[ModelReport]
     baseline: Optional[str] = None  # the baseline file applied, if any
+    stale_baseline: list[dict[str, Any]] = field(default_factory=list)  # its entries that matched nothing
 
     @property
     def findings(self) -> list[Finding]:
@@ -274,5 +278,6 @@ class Report:
                 "infos": self.count("info"),
                 "suppressed": len(self.suppressed),
                 "failed": len(self.failures),
+                **({"stale_baseline": sum(e.get("count", 1) for e in self.stale_baseline)} if self.baseline else {}),
             },
         }
