@@ -80,6 +80,8 @@ def failure_message(exc: BaseException) -> str:
 
 def _one(settings: Config, spec: str, *, remedies: bool) -> ModelReport:
     from qlint.analysis import run
+    from qlint.ci.identity import attribute_to_repository
+    from qlint.core.results import Source
 
     loaded, options = prepare(settings, spec, remedies=remedies)
     analysis = run(loaded.model, loaded.inputs, spec=spec, options=options)
@@ -87,7 +89,7 @@ def _one(settings: Config, spec: str, *, remedies: bool) -> ModelReport:
         from qlint.remedies import attach
 
         attach(analysis)
-    return analysis.report
+    return attribute_to_repository(analysis.report, Source(*loaded.origin) if loaded.origin else None)
 
 
 def prepare(settings: Config, spec: str, *, remedies: bool = False) -> tuple[Any, Any]:

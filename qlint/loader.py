@@ -31,6 +31,7 @@ class LoadedModel:
     model: Any  # torch.nn.Module
     inputs: Optional[tuple]
     spec: str
+    origin: Optional[tuple[str, int]] = None  # file and line of the factory (or the module) the spec names
 
 
 def split_spec(spec: str) -> tuple[str, str]:
@@ -116,8 +117,9 @@ def load(spec: str) -> LoadedModel:
         if not hasattr(target, part):
             raise LoadError(f"{location} has no attribute {attribute!r}")
         target = getattr(target, part)
+    origin = _origin(target, location)
     if isinstance(target, torch.nn.Module):
-        return LoadedModel(target, None, spec)
+        return LoadedModel(target, None, spec, origin)
     if not callable(target):
         raise LoadError(f"{spec} is neither an nn.Module nor a factory")
     try:
@@ -129,7 +131,26 @@ def load(spec: str) -> LoadedModel:
         raise LoadError(f"{spec} returned {type(model).__name__}, expected an nn.Module or (model, example_inputs)")
     if inputs is not None:
         inputs = tuple(inputs) if isinstance(inputs, (tuple, list)) else (inputs,)
-    return LoadedModel(model, inputs, spec)
+    return LoadedModel(model, inputs, spec, origin)
+
+
+def _origin(target: Any, location: str) -> Optional[tuple[str, int]]:
+    """Where the spec's factory is defined (else line 1 of its file): the user's line that
+    findings in library code are attributed to."""
+    import inspect
+
+    try:
+        obj = inspect.unwrap(target)
+        file = inspect.getsourcefile(obj)
+        if file is not None:
+            return file, inspect.getsourcelines(obj)[1]
+    except (TypeError, OSError):
+        pass
+    module = sys.modules.get(getattr(target, "__module__", "") or "")
+    file = getattr(module, "__file__", None) if module is not None else None
+    if file is None and is_path_spec(location):
+        file = location
+    return (file, 1) if file else None
 
 
 def parse_shape(text: str) -> tuple[int, ...]:

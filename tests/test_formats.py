@@ -200,7 +200,7 @@ def test_sarif_fingerprints_are_stable_across_line_shifts_and_unique(repo):
     assert before == after
     report = make_report(repo)
     report.models[0].findings.append(report.models[0].findings[0])
-    prints = [r["partialFingerprints"]["qlintFindingHash/v1"] for r in sarif(report)["runs"][0]["results"]]
+    prints = [r["partialFingerprints"]["qlintFindingHash/v2"] for r in sarif(report)["runs"][0]["results"]]
     assert len(prints) == len(set(prints))
 
 

@@ -159,6 +159,7 @@ class Config:
     baseline: Optional[Path] = None
     per_block_ignores: dict[str, tuple[str, ...]] = field(default_factory=dict)
     per_model: dict[str, ModelOverride] = field(default_factory=dict)
+    per_model_ignores: dict[str, tuple[str, ...]] = field(default_factory=dict)  # normalised spec -> selectors
     primitives: dict[str, tuple[float, str]] = field(default_factory=dict)
     cli: ModelOverride = field(default_factory=ModelOverride)
 
@@ -177,6 +178,10 @@ class Config:
             if fnmatch.fnmatchcase(block, pattern):
                 out.update(codes)
         return out
+
+    def model_ignores(self, spec: str) -> tuple[str, ...]:
+        """The rule selectors ``per-model-ignores`` applies to this model."""
+        return self.per_model_ignores.get(normalize_spec(spec, Path.cwd()), ())
 
     def fails(self, severity: str) -> bool:
         """Does a finding of this severity make the run fail (``fail-on``)?"""
@@ -357,7 +362,7 @@ def _deep_merge(base: dict[str, Any], extra: Mapping[str, Any]) -> dict[str, Any
 TOP_KEYS = (
     "models", "select", "extend-select", "ignore", "fail-on", "threshold", "mode",
     "tracer", "device", "input-dtype", "input-shapes", "output-format", "baseline",
-    "per-block-ignores", "per-model", "primitives",
+    "per-block-ignores", "per-model-ignores", "per-model", "primitives",
 )  # fmt: skip
 MODEL_KEYS = ("input-shapes", "input-dtype", "device", "mode", "tracer", "threshold")
 
@@ -378,9 +383,10 @@ def parse_config(
     cfg = Config(path=path, root=root)
     get = table.get
 
+    written_models: list[str] = []
     if "models" in table:
-        specs = _str_list(get("models"), key("models"))
-        cfg.models = [normalize_spec(s, root) for s in specs]
+        written_models = _str_list(get("models"), key("models"))
+        cfg.models = [normalize_spec(s, root) for s in written_models]
     if any(k in table for k in ("select", "extend-select", "ignore")):
         layer = RuleSelection(
             select=_selectors(get("select"), key("select"), allow_empty=False) if "select" in table else None,
@@ -415,6 +421,14 @@ def parse_config(
             sub = key(f'per-block-ignores."{pattern}"')
             cfg.per_block_ignores[pattern] = _selectors(codes, sub)
 
+    if "per-model-ignores" in table:
+        raw = get("per-model-ignores")
+        if not isinstance(raw, dict):
+            raise fail(f"{key('per-model-ignores')} must be a table of model spec -> rule codes")
+        for spec, codes in raw.items():
+            cfg.per_model_ignores[normalize_spec(spec, root)] = _selectors(codes, key(f'per-model-ignores."{spec}"'))
+        _names_models(cfg, written_models, raw, root, where, f"{prefix}per-model-ignores")
+
     if "per-model" in table:
         raw = get("per-model")
         if not isinstance(raw, dict):
@@ -426,7 +440,7 @@ def parse_config(
             _check_keys(settings, MODEL_KEYS, where, sub_prefix)
 
             cfg.per_model[normalize_spec(spec, root)] = _model_override(settings, where, sub_prefix)
-        _per_model_names_models(cfg, _str_list(get("models"), key("models")) if "models" in table else [], raw, root, where, prefix)
+        _names_models(cfg, written_models, raw, root, where, f"{prefix}per-model")
 
     if "primitives" in table:
         raw = get("primitives")
@@ -489,16 +503,17 @@ def _str_list(value: Any, key: str) -> list[str]:
     return [v.strip() for v in value]
 
 
-def _per_model_names_models(cfg: Config, written: list[str], raw: dict[str, Any], root: Path, where: str, prefix: str) -> None:
-    """A ``per-model`` key that names none of the file's ``models`` is a typo that would
-    silently not apply: an error with a did-you-mean (no check when ``models`` is unset)."""
+def _names_models(cfg: Config, written: list[str], raw: dict[str, Any], root: Path, where: str, table: str) -> None:
+    """A ``per-model`` / ``per-model-ignores`` key that names none of the file's ``models`` is
+    a typo that would silently not apply: an error with a did-you-mean (no check when
+    ``models`` is unset)."""
     if not written:
         return
     for spec in raw:
         if normalize_spec(spec, root) not in cfg.models:
             guess = difflib.get_close_matches(spec, written, n=1, cutoff=0.6)
             hint = f"; did you mean '{guess[0]}'?" if guess else f" (models: {', '.join(written)})"
-            raise ConfigError(f"{where}'{prefix}per-model.\"{spec}\"' names no model in 'models'{hint}")
+            raise ConfigError(f"{where}'{table}.\"{spec}\"' names no model in 'models'{hint}")
 
 
 def _selectors(value: Any, key: str, *, allow_empty: bool = True) -> tuple[str, ...]:

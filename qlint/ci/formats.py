@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import IO, Any, Optional
 
 from qlint._version import __version__
-from qlint.ci.identity import finding_key, relative_path
+from qlint.ci.identity import finding_key, git_root, relative_path
 from qlint.core.algebra import format_q
 from qlint.core.results import Finding, ModelReport, Report, Source
 
@@ -49,21 +49,12 @@ def _information_uri() -> str:
 SARIF_SCHEMA = "https://json.schemastore.org/sarif-2.1.0.json"
 SARIF_LEVEL = {"error": "error", "warning": "warning", "info": "note"}
 GITHUB_LEVEL = {"error": "error", "warning": "warning", "info": "notice"}
-SARIF_SUPPRESSION = {"noqa": "inSource", "per-block-ignores": "external"}  # baselined: baselineState instead
+SARIF_SUPPRESSION = {"noqa": "inSource", "per-block-ignores": "external", "per-model-ignores": "external"}  # baselined: baselineState instead
 
 
 # ---------------------------------------------------------------------------
 # helpers
 # ---------------------------------------------------------------------------
-
-
-def git_root(start: Optional[Path] = None) -> Path:
-    """The enclosing git work tree's root, else ``start`` (the cwd)."""
-    start = (start or Path.cwd()).resolve()
-    for folder in (start, *start.parents):
-        if (folder / ".git").exists():
-            return folder
-    return start
 
 
 def display_path(file: str) -> str:

@@ -12,15 +12,24 @@ from __future__ import annotations
 import hashlib
 import os
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Optional
 
 from qlint.core.algebra import format_q
-from qlint.core.results import Finding, ModelReport
+from qlint.core.results import Finding, ModelReport, Source
 from qlint.loader import is_path_spec, join_spec, split_spec
 
 Key = tuple[str, str, str]  # (model, code, fingerprint)
+
+
+def git_root(start: Optional[Path] = None) -> Path:
+    """The enclosing git work tree's root, else ``start`` (the cwd)."""
+    start = (start or Path.cwd()).resolve()
+    for folder in (start, *start.parents):
+        if (folder / ".git").exists():
+            return folder
+    return start
 
 
 def relative_path(file: str, root: Path) -> Optional[str]:
@@ -77,6 +86,23 @@ def position(model: ModelReport, finding: Finding) -> Position:
     role = "block" if name in blocks else "transition" if name in transitions else "module" if name else "model"
     anchor = model.anchors.get(name) or _INDEX.sub("*", name)
     return Position(anchor, role, part.dominant if part else "", format_q(part.q) if part else "")
+
+
+def attribute_to_repository(model: ModelReport, origin: Optional[Source], root: Optional[Path] = None) -> ModelReport:
+    """Findings whose line is outside the repository (a library's code: transformers, timm)
+    or that have no line get the spec's factory line as their place, with the library
+    line as a related one: GitHub can place them, and a noqa on the factory line works."""
+    root = (root or git_root()).resolve()
+    if origin is None or relative_path(origin.file, root) is None:
+        return model
+
+    def placed(finding: Finding) -> Finding:
+        if finding.source is not None and relative_path(finding.source.file, root) is not None:
+            return finding
+        related = (finding.source, *finding.related) if finding.source is not None else finding.related
+        return replace(finding, source=origin, related=tuple(dict.fromkeys(related)))
+
+    return replace(model, findings=[placed(f) for f in model.findings])
 
 
 def model_class(model: ModelReport) -> str:

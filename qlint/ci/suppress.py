@@ -145,7 +145,8 @@ class _Looked:
 
 
 def apply_suppressions(models: list[ModelReport], config: Optional[Config] = None) -> list[ModelReport]:
-    """Apply rule selection, ``per-block-ignores`` and noqa comments to the models of one run; add QL100.
+    """Apply rule selection, ``per-block-ignores``, ``per-model-ignores`` and noqa comments
+    to the models of one run; add QL100.
 
     Each model keeps the findings that are enabled (``select``/``ignore``), not ignored
     for their block and not suppressed by a comment; the others move to its
@@ -169,6 +170,9 @@ def apply_suppressions(models: list[ModelReport], config: Optional[Config] = Non
                 continue
             if _code_matches(config.block_ignores(finding.block), finding.code):
                 suppressed.append(replace(finding, suppression="per-block-ignores"))
+                continue
+            if _code_matches(set(config.model_ignores(model.spec)), finding.code):
+                suppressed.append(replace(finding, suppression="per-model-ignores"))
                 continue
             hits = [
                 entry.directive for entry in looked.values()

@@ -16,7 +16,7 @@ from qlint.core.algebra import Exponent
 Severity = Literal["error", "warning", "info"]
 BlockStatus = Literal["ok", "supercritical", "uncertified"]
 Verdict = Literal["certified", "supercritical", "uncertified", "failed"]
-Suppression = Literal["noqa", "per-block-ignores", "baseline"]
+Suppression = Literal["noqa", "per-block-ignores", "per-model-ignores", "baseline"]
 SEVERITY_RANK = {"info": 0, "warning": 1, "error": 2}
 
 
