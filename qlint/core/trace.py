@@ -76,7 +76,9 @@ class _Tracer(fx.Tracer):
         return node
 
     def is_leaf_module(self, m: torch.nn.Module, module_qualified_name: str) -> bool:
-        return self.registry.is_leaf(type(m))
+        """A registered class is a leaf unless this instance replaced its forward (the rule
+        describes the class's forward; the instance's own is traced through)."""
+        return "forward" not in m.__dict__ and self.registry.is_leaf(type(m))
 
 
 _TORCH_DIR = torch.__file__.rsplit("/", 1)[0]
@@ -111,55 +113,127 @@ def forward_hooks(model: torch.nn.Module) -> Optional[str]:
 
 _IN_PLACE_FUNCTIONS = {operator.setitem, operator.iadd, operator.isub, operator.imul, operator.itruediv, operator.ipow,
                        operator.iand, operator.ior, operator.ixor, operator.imatmul, operator.ifloordiv, operator.imod}
-_VIEWS = {"getitem", "view", "reshape", "transpose", "permute", "t", "select", "narrow", "expand", "expand_as", "unsqueeze",
-          "squeeze", "split", "chunk", "unbind", "as_strided", "diagonal", "unflatten", "flatten", "view_as", "movedim",
-          "swapaxes", "real", "imag", "view_as_real", "view_as_complex", "unfold", "T", "mT", "detach", "alias",
-          "__getitem__", "split_with_sizes", "tensor_split", "indices", "values", "H", "mH", "data"}
+_IN_PLACE_METHODS = {"__setitem__", "__iadd__", "__isub__", "__imul__", "__itruediv__", "__ipow__", "__iand__", "__ior__",
+                     "__ixor__", "__imatmul__", "__ifloordiv__", "__imod__", "__ilshift__", "__irshift__"}
 
 
-def unsafe_mutation(graph: fx.Graph) -> Optional[fx.Node]:
-    """An in-place write whose effect the graph does not show (fx keeps pointing readers at
-    the old value): on a value read elsewhere, on a view, on an input, on a buffer that is
-    read, or through ``out=``. A write nothing else can observe is harmless."""
+def unsafe_mutation(graph: fx.Graph, root: torch.nn.Module,
+                    storages: Optional[dict[fx.Node, set[int]]] = None) -> Optional[fx.Node]:
+    """An in-place write whose effect the graph does not show, if any.
+
+    fx keeps every reader pointing at the value as it was, so a write is safe only when
+    nothing reads the written storage afterwards except through the write's own result.
+    ``storages`` (each node's tensor storages, from running the graph on the example
+    inputs) says exactly which values share the written storage: a view, ``.contiguous()``
+    of a contiguous tensor, ``.to()`` its own dtype, dropout in eval. Without it, only a
+    write into the fresh output of a parametrised module (``conv -> bn -> relu(inplace)``)
+    that nothing else reads is accepted. Writes into inputs, parameters and buffers, and
+    through ``out=``, are never accepted.
+    """
+    order = {node: i for i, node in enumerate(graph.nodes)}
     for node in graph.nodes:
-        target = _mutated(node)
-        if target is None:
-            continue
-        if node.kwargs.get("out") is not None:
-            return node
-        if not isinstance(target, fx.Node):
-            continue
-        others = [u for u in target.users if u is not node]
-        if target.op == "get_attr":
-            if others or node.users:
+        for target in _written(node, root):
+            if node.kwargs.get("out") is not None or not isinstance(target, fx.Node):
                 return node
-            continue
-        if target.op == "placeholder" or others or _is_view(target):
-            return node
+            if target.op in ("placeholder", "get_attr"):
+                return node
+            if storages is None:
+                if any(u is not node for u in target.users) or not _fresh(target, root):
+                    return node
+                continue
+            written = storages.get(target)
+            if written is None:
+                return node
+            for other in graph.nodes:
+                if other is node or not (storages.get(other, set()) & written):
+                    continue
+                if other.op in ("placeholder", "get_attr") or any(u is not node and order[u] > order[node] for u in other.users):
+                    return node
     return None
 
 
-def _mutated(node: fx.Node) -> Any:
+def _written(node: fx.Node, root: torch.nn.Module) -> list[Any]:
+    """The arguments ``node`` writes in place: by the op's schema when it has one (ATen
+    overloads, ``torch.ops.aten.mul_.Tensor``), else by PyTorch's naming (``mul_``,
+    ``operator.iadd``, ``inplace=True``, a module with ``inplace = True``) and ``out=``."""
     if node.kwargs.get("out") is not None:
-        return node.kwargs["out"]
-    if node.op == "call_function" and node.target in _IN_PLACE_FUNCTIONS:
-        return node.args[0] if node.args else None
-    if node.op == "call_method" and isinstance(node.target, str) and node.target.endswith("_") and not node.target.endswith("__"):
-        return node.args[0] if node.args else None
-    if node.kwargs.get("inplace") is True or (node.op == "call_function" and getattr(node.target, "__name__", "").endswith("_")
-                                              and not getattr(node.target, "__name__", "").endswith("__")):
-        return node.args[0] if node.args else None
+        return [node.kwargs["out"]]
+    first = [node.args[0]] if node.args else []
+    if node.op == "call_function":
+        schemas = _schemas(node.target)
+        if schemas:
+            written = []
+            for schema in schemas:
+                for index, argument in enumerate(schema.arguments):
+                    if argument.alias_info is not None and argument.alias_info.is_write:
+                        value = node.args[index] if index < len(node.args) else node.kwargs.get(argument.name)
+                        written.append(value)
+            return list(dict.fromkeys(w for w in written if w is not None))
+        name = getattr(node.target, "__name__", "")
+        if node.target in _IN_PLACE_FUNCTIONS or (name.endswith("_") and not name.endswith("__")) or node.kwargs.get("inplace") is True:
+            return first
+    if node.op == "call_method" and isinstance(node.target, str):
+        in_place = node.target in _IN_PLACE_METHODS or (node.target.endswith("_") and not node.target.endswith("__"))
+        if in_place or node.kwargs.get("inplace") is True:
+            return first
+    if node.op == "call_module" and getattr(root.get_submodule(str(node.target)), "inplace", False) is True:
+        return first
+    return []
+
+
+def _state_as_constant(module: fx.GraphModule, model: torch.nn.Module) -> Optional[str]:
+    """A parameter or buffer that fx baked into the graph as a tensor constant (a second read
+    of a buffer, ``m._parameters["p"]``), by shared storage: the graph would keep today's value."""
+    if any(p.is_meta for p in model.parameters()):
+        return None
+    owners = {t.untyped_storage().data_ptr(): name for name, t in _state(model).items() if t.numel()}
+    for node in module.graph.nodes:
+        if node.op == "get_attr" and str(node.target).startswith("_tensor_constant"):
+            value = getattr(module, str(node.target))
+            if isinstance(value, torch.Tensor) and value.numel() and value.untyped_storage().data_ptr() in owners:
+                return owners[value.untyped_storage().data_ptr()]
     return None
 
 
-def _is_view(node: fx.Node) -> bool:
-    if node.op == "call_method":
-        return node.target in _VIEWS
-    if node.op == "call_function":
-        if node.target is operator.getitem or node.target is getattr:
-            return True
-        return getattr(node.target, "__name__", "") in _VIEWS
-    return False
+def _schemas(target: Any) -> list[Any]:
+    """The schemas of an ATen overload, or of every overload of a packet."""
+    if isinstance(target, torch._ops.OpOverload):
+        return [target._schema]
+    if isinstance(target, torch._ops.OpOverloadPacket):
+        return [getattr(target, name)._schema for name in target.overloads()]
+    return []
+
+
+def _fresh(node: fx.Node, root: torch.nn.Module) -> bool:
+    """Certainly a new tensor: the output of a module with parameters (conv, linear, norm)."""
+    return node.op == "call_module" and any(True for _ in root.get_submodule(str(node.target)).parameters(recurse=False))
+
+
+def storages(module: fx.GraphModule, inputs: tuple) -> Optional[dict[fx.Node, set[int]]]:
+    """Each node's tensor storages when the graph runs on (copies of) the example inputs;
+    None when that cannot be known (meta tensors, a failing run). Parameters and buffers
+    are restored after the run, which may write to them."""
+    if any(isinstance(x, torch.Tensor) and x.is_meta for x in inputs) or any(p.is_meta for p in module.parameters()):
+        return None
+    found: dict[fx.Node, set[int]] = {}
+
+    class Recorder(fx.Interpreter):
+        def run_node(self, n: fx.Node) -> Any:
+            out = super().run_node(n)
+            found[n] = {t.untyped_storage().data_ptr() for t in _tensors(out)}
+            return out
+
+    saved = _snapshot(module)
+    state = torch.random.get_rng_state()
+    try:
+        with torch.no_grad():
+            Recorder(module).run(*(x.clone() if isinstance(x, torch.Tensor) else x for x in inputs))
+    except Exception:  # noqa: BLE001  (no storages: the caller falls back to the strict rule)
+        return None
+    finally:
+        _restore(module, saved)
+        torch.random.set_rng_state(state)
+    return found
 
 
 def _defaults_beyond(model: torch.nn.Module, inputs: Optional[tuple]) -> Optional[dict[str, Any]]:
@@ -186,10 +260,15 @@ def _symbolic_trace(model: torch.nn.Module, registry: Any, inputs: Optional[tupl
         raise RuntimeError(f"the model has {hooks}, which symbolic_trace would skip")
     tracer = _Tracer(registry)
     graph = tracer.trace(model, concrete_args=_defaults_beyond(model, inputs))
-    mutation = unsafe_mutation(graph)
-    if mutation is not None:
-        raise RuntimeError(f"in-place mutation `{mutation.format_node()}` is not visible to symbolic_trace's readers")
-    return fx.GraphModule(tracer.root, graph, model.__class__.__name__)
+    module = fx.GraphModule(tracer.root, graph, model.__class__.__name__)
+    baked = _state_as_constant(module, model)
+    if baked is not None:
+        raise RuntimeError(f"the graph holds the value of `{baked}` as a constant (read outside fx's proxies)")
+    if any(_written(node, tracer.root) for node in graph.nodes):
+        mutation = unsafe_mutation(graph, tracer.root, storages(module, inputs) if inputs is not None else None)
+        if mutation is not None:
+            raise RuntimeError(f"in-place mutation `{mutation.format_node()}` is not visible to symbolic_trace's readers")
+    return module
 
 
 # --- export and make_fx -------------------------------------------------------------------------
@@ -265,6 +344,9 @@ def _make_fx(model: torch.nn.Module, inputs: tuple) -> fx.GraphModule:
 
     with tensor_outputs(model):
         gm = make_fx(call, tracing_mode="fake", record_module_stack=True)(named, *inputs)
+    written = next((node for node in gm.graph.nodes if _mutates(node)), None)
+    if written is not None:  # make_fx records writes as they happen, readers keep the old value
+        raise RuntimeError(f"in-place `{written.target}` in the make_fx graph, whose readers do not see it")
     placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
     parameters = set(dict(model.named_parameters(remove_duplicate=False)))
     for i, (node, name) in enumerate(zip(placeholders, names)):
@@ -302,6 +384,10 @@ def capture(model: torch.nn.Module, inputs: Optional[tuple], registry: Any = Non
     and user declarations); without one every module is traced through.
     """
     registry = registry if registry is not None else _NoLeaves()
+    if type(model).__call__ is not torch.nn.Module.__call__ or "forward" in model.__dict__:
+        what = "__call__" if type(model).__call__ is not torch.nn.Module.__call__ else "forward (on the instance)"
+        raise TraceFailure(f"{type(model).__name__} overrides {what}: qlint traces the class's forward, which is then "
+                           "not what calling the model runs; wrap it in a module whose forward does the work")
     order = list(TRACERS)
     if prefer:
         if prefer not in TRACERS:
@@ -339,41 +425,127 @@ class GraphMismatch(Exception):
 
 
 def compare_with_eager(model: torch.nn.Module, module: fx.GraphModule, inputs: Optional[tuple], *, shape_only: bool = False) -> str:
-    """Run the graph and the eager model on the example inputs and compare the outputs.
+    """Run the graph and the eager model and compare their outputs: on the example inputs,
+    on them scaled up, and with the parameters redrawn.
 
-    Also records each node's shape and dtype on symbolic_trace graphs (ShapeProp), which
-    the shape-dependent proofs use. Raises GraphMismatch when the outputs differ.
+    The analysis reads the graph, so the graph must compute what the model computes for
+    every input size and every parameter value, not only today's: a forward that
+    branches on a parameter's value (``if self.gate.item():``), bakes one in
+    (``x ** float(self._parameters["p"])``), notices the tracer, or keeps state across
+    calls gives a graph that matches on the example and differs here. Also records each
+    node's shape and dtype on symbolic_trace graphs (ShapeProp), which the shape-dependent
+    proofs use. Raises GraphMismatch when the outputs differ; the model's parameters,
+    buffers and RNG state are restored afterwards.
     """
     if inputs is None:
         return "not compared: no example inputs"
     from torch.fx.passes.shape_prop import ShapeProp
 
     meta = any(isinstance(x, torch.Tensor) and x.is_meta for x in inputs) or any(p.is_meta for p in model.parameters())
+    if meta:
+        if shape_only:
+            ShapeProp(module).propagate(*inputs)
+        return "not compared: meta tensors have no values"
+    saved = _snapshot(model)
     state = torch.random.get_rng_state()
     try:
         with torch.no_grad():
             torch.manual_seed(0)
-            if shape_only or not meta:
-                graph_out = ShapeProp(module).propagate(*inputs) if shape_only else module(*inputs)
-            if meta:
-                return "not compared: meta tensors have no values"
-            torch.manual_seed(0)
-            with tensor_outputs(model):
-                eager_out = model(*inputs)
-            mine, theirs = _tensors(graph_out), _tensors(eager_out)
-            if len(mine) != len(theirs):
-                raise GraphMismatch(f"the graph returns {len(mine)} tensors, the model {len(theirs)}")
-            for a, b in zip(mine, theirs):
-                if a.shape != b.shape or not _close(a, b):
-                    torch.manual_seed(0)
-                    with tensor_outputs(model):
-                        again = _tensors(model(*inputs))
-                    if not all(_close(x, y) for x, y in zip(again, theirs)):
-                        return "not compared: the model's outputs are random"
-                    raise GraphMismatch("the traced graph's output differs from the eager model's on the example inputs")
+            graph_out = ShapeProp(module).propagate(*inputs) if shape_only else module(*inputs)
+            first = _eager(model, inputs)
+            _require_same(graph_out, first, "on the example inputs")
+            if not _agree(first, _eager(model, inputs)):
+                raise GraphMismatch("the model's output changes between identical calls (state kept across calls, "
+                                    "or unseeded randomness): no graph can stand for it")
+            floats = any(isinstance(x, torch.Tensor) and x.is_floating_point() for x in inputs)
+            for scale in SCALES if floats else ():
+                scaled = tuple(x * scale if isinstance(x, torch.Tensor) and x.is_floating_point() else x for x in inputs)
+                _compare_again(module, model, scaled, f"on the inputs scaled by {scale:g}", scaled=True)
+            for redraw in _redraws(model, saved):
+                _compare_again(module, model, inputs, f"with the parameters {redraw}")
+                _restore(model, saved)
     finally:
+        _restore(model, saved)
         torch.random.set_rng_state(state)
-    return f"matches the eager model on the example inputs ({len(mine)} output{'s' if len(mine) != 1 else ''})"
+    count = len(_tensors(graph_out))
+    return (f"matches the eager model on the example inputs, scaled by {', '.join(f'{s:g}' for s in SCALES)}, "
+            f"and with redrawn parameters ({count} output{'s' if count != 1 else ''})")
+
+
+SCALES = (1e3, 1e6)
+
+
+def _run(module: fx.GraphModule, inputs: tuple) -> Any:
+    torch.manual_seed(0)
+    return module(*inputs)
+
+
+def _eager(model: torch.nn.Module, inputs: tuple) -> Any:
+    torch.manual_seed(0)
+    with tensor_outputs(model):
+        return model(*inputs)
+
+
+def _compare_again(module: fx.GraphModule, model: torch.nn.Module, inputs: tuple, where: str, *, scaled: bool = False) -> None:
+    try:
+        graph_out, eager_out = _run(module, inputs), _eager(model, inputs)
+    except Exception as exc:  # e.g. an assert in the model on other values: fail closed
+        raise GraphMismatch(f"the graph and the model could not be compared {where}: {first_line(exc)}") from exc
+    _require_same(graph_out, eager_out, where, scaled=scaled)
+
+
+def _agree(a: Any, b: Any, *, scaled: bool = False) -> bool:
+    mine, theirs = _tensors(a), _tensors(b)
+    if len(mine) != len(theirs):
+        return False
+    for x, y in zip(mine, theirs):
+        if x.shape != y.shape:
+            return False
+        if scaled and (x.is_floating_point() or x.is_complex()) and not (torch.isfinite(x).all() and torch.isfinite(y).all()):
+            continue  # overflow at this scale: inconclusive, not a mismatch
+        if not _close(x, y):
+            return False
+    return True
+
+
+def _require_same(graph_out: Any, eager_out: Any, where: str, *, scaled: bool = False) -> None:
+    mine, theirs = _tensors(graph_out), _tensors(eager_out)
+    if len(mine) != len(theirs):
+        raise GraphMismatch(f"the graph returns {len(mine)} tensors, the model {len(theirs)}")
+    if not _agree(graph_out, eager_out, scaled=scaled):
+        raise GraphMismatch(f"the traced graph's output differs from the eager model's {where}")
+
+
+def _snapshot(model: torch.nn.Module) -> dict[str, torch.Tensor]:
+    """Copies of every parameter and buffer (a forward in train mode updates BatchNorm's)."""
+    return {name: tensor.detach().clone() for name, tensor in _state(model).items()}
+
+
+def _state(model: torch.nn.Module) -> dict[str, torch.Tensor]:
+    return {**dict(model.named_parameters()), **dict(model.named_buffers())}
+
+
+def _restore(model: torch.nn.Module, saved: dict[str, torch.Tensor]) -> None:
+    with torch.no_grad():
+        for name, tensor in _state(model).items():
+            tensor.copy_(saved[name])
+
+
+def _redraws(model: torch.nn.Module, saved: dict[str, torch.Tensor]) -> Iterator[str]:
+    """Put other values into the floating-point parameters, in place (the graph shares them):
+    each one plus noise of its own spread, then negated plus noise. A zero-initialised gate
+    becomes non-zero, a positive scalar negative."""
+    generator = torch.Generator().manual_seed(1)
+    parameters = [(p, saved[name]) for name, p in model.named_parameters() if p.is_floating_point()]
+    if not parameters:
+        return
+    for sign, label in ((1.0, "redrawn"), (-1.0, "negated and redrawn")):
+        with torch.no_grad():
+            for parameter, original in parameters:
+                spread = float(original.abs().max()) if original.numel() else 0.0
+                noise = torch.randn(original.shape, generator=generator, dtype=torch.float64)
+                parameter.copy_((sign * original.double() + 0.1 * max(spread, 0.1) * noise).to(parameter.dtype))
+        yield label
 
 
 def _close(a: torch.Tensor, b: torch.Tensor) -> bool:
