@@ -130,10 +130,41 @@ def nonzero_constant(call: Call, name: str) -> bool:
     source = bound.arguments.get(name) if bound is not None else None
     while source is not None and getattr(source, "op", None) in ("call_function", "call_method") and "qlint" in source.meta:
         info = facts(source)
-        if not ({"plumbing"} & info.family):
+        if not ({"plumbing"} & info.family) or _rounds_to_integers(source, info):
             return False
         source = info.bound.arguments.get("input") if info.bound is not None else None
-    return getattr(source, "op", None) == "get_attr"
+    return getattr(source, "op", None) == "get_attr" and _learned_or_nonzero(source)
+
+
+def _rounds_to_integers(node: Any, info: Any) -> bool:
+    """An integer or bool cast: it is 0 on a whole interval of parameter values ((-1, 1) for trunc)."""
+    import torch
+
+    if "cast" not in info.family or info.op == "cast_float":
+        return False
+    if info.op in ("cast_int", "cast_bool"):
+        return True
+    dtype = info.bound.arguments.get("dtype") if info.bound is not None else None
+    return not (isinstance(dtype, torch.dtype) and (dtype.is_floating_point or dtype.is_complex))
+
+
+def _learned_or_nonzero(node: Any) -> bool:
+    """A parameter is exactly 0 only on a null set of its values; a buffer or a constant is what
+    it is, so it must have no zero entry (unknown on meta tensors)."""
+    import torch
+
+    owner = node.graph.owning_module
+    try:
+        value = owner.get_parameter(str(node.target)) if owner is not None else None
+    except (AttributeError, TypeError):
+        value = None
+    if isinstance(value, torch.nn.Parameter):
+        return True
+    try:
+        value = owner.get_buffer(str(node.target)) if owner is not None else None
+    except (AttributeError, TypeError):
+        value = getattr(owner, str(node.target), None) if owner is not None else None
+    return isinstance(value, torch.Tensor) and not value.is_meta and bool((value != 0).all())
 
 
 def _needs_real(x: Growth, what: str) -> Optional[Growth]:
@@ -228,9 +259,9 @@ def cast(call: Call, entry: Any) -> Any:
         return Growth(0.0, depends=x.depends, range=domain.interval(0, 1))
     if kind == "complex":
         return Growth(x.q, depends=x.depends, real=False, culprit=x.culprit)
-    if kind == "int":
+    if kind == "int":  # truncation toward zero is monotone: [trunc(lo), trunc(hi)], 0 < x < 1 becomes 0
         r = x.range
-        trunc = Range(lo=math.ceil(r.lo) if r.lo > -math.inf else -math.inf, hi=math.floor(r.hi) if r.hi < math.inf else math.inf,
+        trunc = Range(lo=math.trunc(r.lo) if r.lo > -math.inf else -math.inf, hi=math.trunc(r.hi) if r.hi < math.inf else math.inf,
                       below=r.below, above=r.above) if x.real is True else ANY
         return Growth(x.q, depends=x.depends, real=True if x.real is not None else None, range=trunc, culprit=x.culprit)
     if kind == "float" and x.real is False:
@@ -461,7 +492,20 @@ def power(call: Call, entry: Any) -> Any:
 
 
 def _power_range(r: Range, p: float) -> Range:
-    """The range of x**p for a real x with range r (p an integer, or x >= 0)."""
+    """The range of x**p for a real x with range r (p an integer, or x >= 0).
+
+    For p < 0 the order reverses and the far end maps to 0: with 0 < m <= |x| <= M,
+    |x|**p lies in [M**p, m**p] (M = inf gives 0, not inf); a range that reaches 0 has a pole.
+    """
+    if p < 0:
+        if r.lo <= 0 <= r.hi:
+            return ANY
+        near, far = min(abs(r.lo), abs(r.hi)), max(abs(r.lo), abs(r.hi))
+        small, large = (0.0 if math.isinf(far) else math.pow(far, p)), math.pow(near, p)
+        if r.lo > 0 or (p == int(p) and int(p) % 2 == 0):
+            return Range(lo=small, hi=large, pos=True)
+        return Range(lo=-large, hi=-small, neg=True)  # odd p of a negative range
+
     def powered(v: float) -> float:
         if math.isinf(v):
             return math.inf if v > 0 or (p == int(p) and int(p) % 2 == 0) else -math.inf
@@ -473,10 +517,8 @@ def _power_range(r: Range, p: float) -> Range:
         top = max(powered(abs(r.lo)), powered(abs(r.hi)))
         low = 0.0 if r.lo <= 0 <= r.hi else min(powered(abs(r.lo)), powered(abs(r.hi)))
         return Range(lo=low, hi=top, pos=r.pos or r.neg, below=True, above=r.bounded, floor=r.floor or r.ceil)
-    if p > 0:
-        return Range(lo=powered(r.lo), hi=powered(r.hi), pos=r.pos, neg=r.neg, below=r.below, above=r.above,
-                     floor=r.floor and r.bounded, ceil=r.ceil and r.bounded)
-    return ANY
+    return Range(lo=powered(r.lo), hi=powered(r.hi), pos=r.pos, neg=r.neg, below=r.below, above=r.above,
+                 floor=r.floor and r.bounded, ceil=r.ceil and r.bounded)
 
 
 def _exp_of(a: Growth, culprit: str) -> Growth:
@@ -987,7 +1029,11 @@ def write(call: Call, entry: Any) -> Any:
     call.selectors("index", "indices", "mask")
     call.accept_params()
     values = [_scaled(v, alpha) for v in values]
-    accumulate = call.op in ("scatter_add", "index_add") or bool(call.param("accumulate", False))
+    reduce_kind = call.param("reduce", None)
+    if reduce_kind not in (None, "add", "sum", "mean", "amax", "amin"):
+        call.every()
+        return unknown(f"{call.op} with reduce={reduce_kind!r} (a product of entries, or a reduction qlint cannot bound)")
+    accumulate = call.op in ("scatter_add", "index_add") or reduce_kind in ("add", "sum") or bool(call.param("accumulate", False))
     present = [g for g in [data, *values] if g is not None]
     if not present:
         return CONSTANT
@@ -1007,6 +1053,22 @@ def scatter_reduce(call: Call, entry: Any) -> Any:
         call.every()
         return unknown("scatter_reduce with reduce='prod' (a product of an unknown number of entries)")
     return write(call, entry)
+
+
+@transfer("lp_pool")
+def lp_pool(call: Call, entry: Any) -> Any:
+    """lp_pool(x, p): q = 1 and >= 0 for an even p > 0, or p > 0 of a nonnegative input; refused otherwise."""
+    x = call.growth("input")
+    p = _number(call, "norm_type", None)
+    call.accept_params()
+    if x is None:
+        return CONSTANT
+    even = _is_number(p) and math.isfinite(p) and p > 0 and p == int(p) and int(p) % 2 == 0
+    nonneg = _is_number(p) and math.isfinite(p) and p > 0 and x.real is True and x.range.nonneg
+    if x.real is not True or not (even or nonneg):
+        call.every()
+        return unknown(f"lp_pool with p = {p} of a value that may be negative (NaN), or p <= 0 (a pole)")
+    return Growth(algebra.compose(1.0, x.q) if x.depends else 0.0, depends=x.depends, range=Range(lo=0.0), culprit=x.culprit)
 
 
 @transfer("bincount")
@@ -1105,8 +1167,8 @@ def fmod(call: Call, entry: Any) -> Any:
 
 @transfer("rounding")
 def rounding(call: Call, entry: Any) -> Any:
-    """floor / ceil / round / trunc move each entry by less than 1: |round(x)| <= |x| + 1;
-    frac(x) = x - trunc(x) lies in (-1, 1)."""
+    """floor / ceil / round / trunc move each entry by less than 1: |round(x)| <= |x| + 1
+    (``round(x, decimals=d)`` by less than 10^-d); frac(x) = x - trunc(x) lies in (-1, 1)."""
     x = call.growth("input")
     call.accept_params()
     if x is None:
@@ -1115,9 +1177,13 @@ def rounding(call: Call, entry: Any) -> Any:
         return unknown(f"{call.op} of a complex value")
     if call.op == "frac":
         return Growth(0.0, depends=x.depends, range=domain.interval(-1.0, 1.0))
+    decimals = _number(call, "decimals", 0)
+    if not _is_number(decimals):
+        return unknown(f"{call.op} to decimals qlint cannot read")
+    unit = 10.0 ** (-int(decimals))  # round(x, d) moves x by at most half of 10^-d
     r = _range_of(x)
-    return Growth(x.q if x.depends else 0.0, depends=x.depends, range=Range(lo=r.lo - 1, hi=r.hi + 1, below=r.below, above=r.above),
-                  culprit=x.culprit)
+    return Growth(x.q if x.depends else 0.0, depends=x.depends,
+                  range=Range(lo=r.lo - unit, hi=r.hi + unit, below=r.below, above=r.above), culprit=x.culprit)
 
 
 @transfer("softplus")
@@ -1143,7 +1209,16 @@ def softplus(call: Call, entry: Any) -> Any:
 def activation(call: Call, entry: Any) -> Any:
     """Lipschitz activations with a parameter (ELU/CELU alpha, LeakyReLU slope, RReLU bounds,
     shrinkage lambda, threshold value): |sigma(x)| <= L|x| + b for every parameter value, so
-    q = 1; the declared lower bound holds only at the default parameters."""
+    q = 1; the declared lower bound holds only at the default parameters.
+
+    Except CELU with alpha <= 0: celu(x) = max(0, x) + min(0, alpha (exp(x/alpha) - 1)), and
+    for alpha < 0 the exponential runs on -x/|alpha|, unbounded as x -> -inf (alpha = 0 divides
+    by 0). ELU's alpha (exp(x) - 1) for x < 0 is bounded by |alpha| whatever its sign."""
+    if call.op == "celu":
+        alpha = _number(call, "alpha", 1.0)
+        if not (_is_number(alpha) and alpha > 0):
+            call.every()
+            return unknown(f"celu with alpha = {alpha} (not > 0): it grows like exp(|x|/|alpha|)")
     return default(call, entry)
 
 
@@ -1408,7 +1483,7 @@ def complex_view(call: Call, entry: Any) -> Any:
     real = {"real": True, "complex": False}.get(entry.real or "", x.real)
     if call.op == "angle":
         return Growth(0.0, depends=x.depends, range=domain.interval(-math.pi, math.pi))
-    keep = real is True and x.real is True and "preserves_range" in entry.family
+    keep = real is True and x.real is True and "preserves_range" in entry.family  # not an inverse real DFT: mixes signs
     return Growth(x.q if x.depends else 0.0, depends=x.depends, real=real, range=x.range if keep else ANY, culprit=x.culprit)
 
 
