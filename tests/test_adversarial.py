@@ -9,9 +9,10 @@ run covers every case of fixtures/adversarial/CASES.toml. Each case has two test
 * ``test_label_is_true``: the label itself is re-measured numerically with
   bench/adversarial_truth.py (quick mode), so the corpus cannot rot.
 
-If the single CLI run exits 2 (a spec that does not load or trace aborts the run),
-the specs are bisected until the failing ones are isolated; those fail with
-qlint's one-line error and the rest are judged normally.
+A model qlint cannot trace is in the report with verdict ``failed`` (exit 2): a refusal,
+which an unsafe case passes and a safe case fails. If the run gives no report at all,
+the specs are bisected until the failing ones are isolated; those fail with qlint's
+one-line error and the rest are judged normally.
 """
 
 from __future__ import annotations
@@ -84,11 +85,13 @@ class _Runner:
         if rc == 2 and self.isolated and "--isolated" in err and "no such option" in err.lower():
             self.isolated = False  # an engine without --isolated: drop it
             rc, out, err = _cli(specs, self.isolated)
-        if rc not in (0, 1):
+        if rc not in (0, 1, 2):
             return _error_line(rc, err)
         try:
             models = json.loads(out)["models"]
         except (ValueError, KeyError, TypeError) as exc:
+            if rc == 2:  # qlint could not run at all (an engine that stops at the first failure)
+                return _error_line(rc, err)
             return f"exit {rc}: unreadable JSON report ({type(exc).__name__}: {exc})"
         if len(models) != len(specs):
             return f"exit {rc}: the report has {len(models)} models for {len(specs)} specs"

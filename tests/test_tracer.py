@@ -75,7 +75,7 @@ def test_untraceable_model_fails_in_one_actionable_line(untraceable):
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1 and result.stdout == ""
     line = lines[0]
-    assert line.startswith("qlint: error: could not trace Net: `layers.0.gate` (Gate)")
+    assert line.startswith("qlint: error: net.py: could not trace Net: `layers.0.gate` (Gate)")
     assert "net.py:8 `steps = int(x.abs().max())`" in line
     assert "uses a tensor's value in Python" in line and "(export)" in line
     assert 'qlint.register(Gate, q=..., why=...)' in line
@@ -121,7 +121,7 @@ def test_without_inputs_the_error_asks_for_them(tmp_path, monkeypatch):
     result = invoke("unrolled.py", "--isolated")
     assert result.exit_code == 2
     [line] = result.stderr.strip().splitlines()
-    assert line.startswith("qlint: error: could not trace Unrolled: its forward at ")
+    assert line.startswith("qlint: error: unrolled.py: could not trace Unrolled: its forward at ")
     assert "`for _ in range(x.shape[1]):`" in line and "(symbolic_trace); give --input-shape so torch.export can run it" in line
     result = invoke("unrolled.py", "--isolated", "--input-shape", "2,3,8", "--select", "QL1", "--format", "json")
     assert result.exit_code == 0, result.output

@@ -112,7 +112,8 @@ def command(
             raise click.UsageError("--prune-baseline needs a baseline (--baseline PATH or baseline = ... in [tool.qlint])")
         from qlint.ci.formats import summary_line, write_output
 
-        _write(report, config.output_format, output_file, statistics, show_derivation, write_output)
+        if not (len(report.failures) == len(report.models) and config.output_format in ("full", "concise") and output_file is None):
+            _write(report, config.output_format, output_file, statistics, show_derivation, write_output)  # else only the errors
         for fmt, path in outputs:
             _write(report, fmt, path, statistics, show_derivation, write_output)
         if output_file is not None or (outputs and config.output_format != "full"):

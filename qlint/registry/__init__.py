@@ -15,6 +15,8 @@ out (poles such as ``tan``, products such as ``prod`` without shapes) are listed
 
 from __future__ import annotations
 
+import inspect
+
 import importlib
 import math
 from dataclasses import dataclass, field
@@ -190,7 +192,7 @@ class Registry:
             except TypeError:
                 return None
         if op == "call_method":
-            return self._by_key.get(("method", target))
+            return self._by_key.get(("method", target)) if _torch_method(target) else None
         if op == "call_module":
             return self._by_key.get(("module", target))
         return None
@@ -206,6 +208,21 @@ class Registry:
 
     def keys(self) -> Iterable[tuple[str, Any]]:
         return self._by_key.keys()
+
+
+def _torch_method(name: Any) -> bool:
+    """``Tensor.<name>`` is torch's own (C, or Python in torch's files), not a monkeypatch:
+    a method is matched by name, so a replaced ``Tensor.relu`` must not pass as ReLU."""
+    import torch
+
+    method = getattr(torch.Tensor, str(name), None)
+    if method is None or not callable(method):
+        return True  # not a Tensor attribute (a method of another object): the name decides
+    module = getattr(method, "__module__", None) or getattr(getattr(method, "__objclass__", None), "__module__", "") or ""
+    return inspect.isbuiltin(method) or type(method).__name__ in _C_METHODS or module.startswith("torch")
+
+
+_C_METHODS = {"method_descriptor", "wrapper_descriptor", "getset_descriptor", "builtin_function_or_method", "method-wrapper"}
 
 
 def resolve(target: str) -> Optional[tuple[str, Any]]:
