@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -92,7 +94,7 @@ def test_a_built_wheel_carries_the_rules(tmp_path):
     built = subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation", "-w", str(tmp_path), str(ROOT)],
                            capture_output=True, text=True)
     assert built.returncode == 0, built.stderr
-    (wheel,) = tmp_path.glob("qlint-*.whl")
+    (wheel,) = tmp_path.glob("torch_qlint-*.whl")
     import zipfile
 
     unpacked = tmp_path / "site"
@@ -110,3 +112,28 @@ def _entries():
     from qlint.registry import entries
 
     return entries()
+
+
+def _python_310() -> str | None:
+    """A working Python 3.10 (a pyenv shim that is not active does not count)."""
+    candidates = [shutil.which("python3.10"), *sorted(str(p) for p in Path.home().glob(".pyenv/versions/3.10*/bin/python3.10"))]
+    for candidate in filter(None, candidates):
+        probe = subprocess.run([candidate, "-c", "import sys; print(sys.version_info[:2])"], capture_output=True, text=True)
+        if probe.returncode == 0 and probe.stdout.strip() == "(3, 10)":
+            return candidate
+    return None
+
+
+@pytest.mark.skipif(_python_310() is None, reason="no Python 3.10 interpreter on this machine")
+def test_python_310_runs_the_torch_free_commands(tmp_path):
+    """requires-python >= 3.10: config parsing (tomli there), explain and rules work on 3.10."""
+    venv = tmp_path / "py310"
+    subprocess.run([_python_310(), "-m", "venv", str(venv)], check=True, timeout=120)
+    python = str(venv / "bin" / "python")
+    subprocess.run([python, "-m", "pip", "install", "-q", "tomli", "click", "rich", "networkx"], check=True, timeout=600)
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    explain = subprocess.run([python, "-m", "qlint", "explain", "QL101"], capture_output=True, text=True, env=env, timeout=120)
+    assert explain.returncode == 0 and "QL101" in explain.stdout, explain.stderr
+    (tmp_path / "pyproject.toml").write_text('[tool.qlint]\nslect = ["QL1"]\n')
+    bad = subprocess.run([python, "-m", "qlint", "check", "m.py:f"], capture_output=True, text=True, env=env, cwd=tmp_path, timeout=120)
+    assert bad.returncode == 2 and "did you mean 'select'" in bad.stderr, bad.stderr

@@ -57,25 +57,36 @@ def test_hooks_manifest_passes_pre_commit_validation():
     assert result.returncode == 0, result.stdout + result.stderr
 
 
-def test_workflow_example_parses_and_uploads_sarif():
+def test_workflow_example_uses_the_action():
     data = yaml.safe_load(WORKFLOW.read_text())
     triggers = data.get("on", data.get(True))  # YAML 1.1 reads a bare `on` as True
     assert "pull_request" in triggers
     job = data["jobs"]["qlint"]
     assert job["permissions"]["security-events"] == "write"
     steps = job["steps"]
+    assert steps[0]["uses"] == "actions/checkout@v5"
+    step = next(s for s in steps if s.get("id") == "qlint")
+    assert step["uses"].endswith("/qlint@v0")
+    assert step["with"]["args"] == "--baseline qlint-baseline.json" and step["with"]["torch-version"]
+
+
+def test_action_installs_cpu_torch_uploads_sarif_and_spares_forks():
+    action = yaml.safe_load((ROOT / "action.yml").read_text())
+    assert action["runs"]["using"] == "composite"
+    assert set(action["inputs"]) >= {"models", "args", "sarif", "torch-version", "python-version", "install"}
+    steps = action["runs"]["steps"]
+    assert steps[0]["uses"] == "actions/setup-python@v6"
+    install = next(s for s in steps if "pip install" in s.get("run", "") and "torch" in s["run"])
+    assert "/whl/cpu" in install["run"] and '"$ACTION_PATH"' in install["run"]
     run = next(s for s in steps if s.get("id") == "qlint")
-    assert run["continue-on-error"] is True
-    assert "--output-format sarif" in run["run"] and "-o qlint.sarif" in run["run"]
-    assert "--baseline qlint-baseline.json" in run["run"]
+    assert "--output sarif:qlint.sarif" in run["run"] and 'echo "exit-code=$code"' in run["run"]
     upload = next(s for s in steps if str(s.get("uses", "")).startswith("github/codeql-action/upload-sarif@"))
-    assert upload["uses"].endswith("@v3") and upload["with"]["sarif_file"] == "qlint.sarif"
-    assert "always()" in upload["if"]
-    assert steps.index(upload) > steps.index(run)
+    assert upload["uses"].endswith("@v4") and upload["with"]["sarif_file"] == "qlint.sarif"
+    assert upload["continue-on-error"] is True
+    assert "github.event.pull_request.head.repo.full_name == github.repository" in upload["if"]  # forks: no upload
     fail = steps[-1]
-    assert fail["if"] == "steps.qlint.outcome == 'failure'" and "exit 1" in fail["run"]
-    install = next(s for s in steps if "pip install torch" in s.get("run", ""))
-    assert "/whl/cpu" in install["run"]
+    assert fail["if"] == "steps.qlint.outputs.exit-code != '0'" and "exit 1" in fail["run"]
+    assert steps.index(upload) > steps.index(run) and steps.index(fail) > steps.index(upload)
 
 
 # -- a real pre-commit run --------------------------------------------------------

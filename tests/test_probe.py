@@ -223,29 +223,22 @@ _DISGUISED = (
 )
 
 
-def test_the_eager_model_is_probed_not_only_the_graph(tmp_path):
-    """A model that computes something else when traced: the graph says q = 0, the model grows like x^2."""
-    code, model = _probe_json(tmp_path, _DISGUISED, "--no-perturb")
-    (block,) = model["blocks"]
-    assert code == 1 and block["q"] == 0.0 and block["agreement"] == "VIOLATION"
-    assert block["eager_module"] == "" and block["worst"]["source"] == "eager"
-    assert block["perturbations"]["as built (eager)"] == pytest.approx(2.0, abs=0.05)
-    assert block["perturbations"]["as built"] == pytest.approx(0.0, abs=0.05)
-    assert model["graph_mismatches"] == [
-        "with the parameters as built, the traced graph's output differs from the eager model's at inputs scaled by 1000",
-        "with the parameters as built, the traced graph's output differs from the eager model's at inputs scaled by 1e+06",
-    ]
-
-
-def test_graph_mismatch_alone_fails_the_probe(tmp_path):
-    """The eager model has no submodule for the block here, but the scaled comparison still sees it."""
-    source = _DISGUISED.replace("class Block(nn.Module):", "class Inner(nn.Module):").replace(
-        "def build_model():", "class Outer(nn.Module):\n    def __init__(self):\n        super().__init__()\n        self.inner = Inner()\n"
-        "    def forward(self, x):\n        return self.inner(x) * 1.0\ndef build_model():"
-    ).replace("return Block()", "return Outer()")
-    result = CliRunner(env={"COLUMNS": "200"}).invoke(main, ["probe", _write(tmp_path, source), "--directions", "1", "--iterations", "2", "--no-perturb"])
-    assert result.exit_code == 1
-    assert "SOUNDNESS BUG: with the parameters as built, the traced graph's output differs" in result.stdout
+@pytest.mark.parametrize("nested", [False, True])
+def test_a_model_that_disguises_itself_when_traced_is_refused(tmp_path, nested):
+    """The traced graph says q = 0, the model grows like x^2 beyond |h| = 100: the graph is
+    compared with the model at inputs scaled by 1e3 before anything is analysed, so check
+    and probe both refuse it (exit 2), with or without a submodule for the block."""
+    source = _DISGUISED
+    if nested:
+        source = source.replace("class Block(nn.Module):", "class Inner(nn.Module):").replace(
+            "def build_model():", "class Outer(nn.Module):\n    def __init__(self):\n        super().__init__()\n        self.inner = Inner()\n"
+            "    def forward(self, x):\n        return self.inner(x) * 1.0\ndef build_model():"
+        ).replace("return Block()", "return Outer()")
+    spec = _write(tmp_path, source)
+    for args in (["check", spec, "--isolated"], ["probe", spec, "--directions", "1", "--iterations", "2", "--no-perturb"]):
+        result = CliRunner().invoke(main, args)
+        assert result.exit_code == 2, result.output
+        assert "could not trace" in result.stderr and "differs from the eager model's on the inputs scaled by 1000" in result.stderr
 
 
 def _write(tmp_path, source: str) -> str:

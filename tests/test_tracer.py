@@ -304,3 +304,49 @@ def test_in_place_ops_under_export_carry_their_values(model, q):
     """copy_ holds the source's values (not the zeros it overwrote); mul_ multiplies."""
     report = qlint.analyze(model, (torch.randn(2, D),), tracer="export")
     assert report.tracer == "export" and [b.q for b in report.blocks] == [q]
+
+
+def test_a_tensor_method_replaced_at_run_time_is_not_matched_by_name(monkeypatch):
+    """fx records `h.relu()` by name; a monkeypatched Tensor.relu must not pass as ReLU."""
+    import torch
+    from torch import nn
+
+    import qlint
+
+    class Net(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.w1, self.w2 = nn.Linear(8, 8), nn.Linear(8, 8)
+
+        def forward(self, x):
+            return x + self.w2(self.w1(x).relu())
+
+    torch.manual_seed(0)
+    model, inputs = Net(), (torch.randn(2, 8),)
+    assert qlint.analyze(model, inputs, isolated=True).verdict == "certified"
+    monkeypatch.setattr(torch.Tensor, "relu", lambda self: torch.nn.functional.relu(self) * self.abs())
+    report = qlint.analyze(model, inputs, isolated=True)
+    assert report.verdict == "uncertified" and report.blocks[0].q is None
+
+
+def test_the_checks_leave_the_users_model_as_it_was():
+    """Redrawn parameters and train-mode forwards (BatchNorm statistics) are undone."""
+    import torch
+    from torch import nn
+
+    import qlint
+
+    class Net(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.w, self.bn = nn.Linear(8, 8), nn.BatchNorm1d(8)
+
+        def forward(self, x):
+            return x + self.bn(self.w(x))
+
+    torch.manual_seed(0)
+    model = Net().train()
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    report = qlint.analyze(model, (torch.randn(4, 8),), isolated=True)
+    assert report.verdict == "certified" and model.training
+    assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())

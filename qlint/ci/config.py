@@ -35,7 +35,7 @@ from qlint.core.toml import tomllib
 from qlint.loader import is_path_spec, join_spec, parse_shape, split_spec
 
 CONFIG_FILES = (".qlint.toml", "qlint.toml", "pyproject.toml")
-FORMATS = ("full", "concise", "json", "sarif", "github", "markdown")
+FORMATS = ("full", "concise", "json", "sarif", "github", "markdown", "junit", "gitlab")  # --output-format
 SEVERITIES = tuple(SEVERITY_RANK)  # info, warning, error
 MODES = ("train", "eval")
 TRACERS = ("symbolic_trace", "export", "make_fx")  # qlint.core.trace.TRACERS (which imports torch)
@@ -162,6 +162,31 @@ class Config:
     per_model_ignores: dict[str, tuple[str, ...]] = field(default_factory=dict)  # normalised spec -> selectors
     primitives: dict[str, tuple[float, str]] = field(default_factory=dict)
     cli: ModelOverride = field(default_factory=ModelOverride)
+
+    def describe(self) -> str:
+        """The effective settings as ``--show-settings`` prints them (ruff's ``--show-settings``)."""
+        from qlint.lint.rule import rules
+
+        enabled = [code for code in rules() if self.is_selected(code)]
+        rows = [
+            ("config file", str(self.path) if self.path else "none (defaults)"),
+            ("models", ", ".join(self.models) or "none"),
+            ("enabled rules", f"{len(enabled)}: {', '.join(enabled)}"),
+            ("fail-on", self.fail_on),
+            ("threshold", f"{self.threshold:g}"),
+            ("mode", self.cli.mode or self.mode or "the model's own"),
+            ("tracer", self.cli.tracer or self.tracer or "symbolic_trace, then export, then make_fx"),
+            ("device", self.cli.device or self.device or "the factory's"),
+            ("input-shapes", ", ".join(",".join(map(str, s)) for s in (self.cli.input_shapes or self.input_shapes or ())) or "none"),
+            ("output-format", self.output_format),
+            ("baseline", str(self.baseline) if self.baseline else "none"),
+            ("per-block-ignores", ", ".join(f"{k} = {list(v)}" for k, v in self.per_block_ignores.items()) or "none"),
+            ("per-model-ignores", ", ".join(f"{k} = {list(v)}" for k, v in self.per_model_ignores.items()) or "none"),
+            ("per-model", ", ".join(self.per_model) or "none"),
+            ("primitives", ", ".join(f"{k} (q = {q:g})" for k, (q, _) in self.primitives.items()) or "none"),
+        ]
+        width = max(len(name) for name, _ in rows)
+        return "\n".join(f"{name:<{width}}  {value}" for name, value in rows)
 
     # -- rules ---------------------------------------------------------------
 
@@ -320,7 +345,7 @@ def load_config(
     table: dict[str, Any] = {}
     prefix = ""
     if path is not None:
-        table, prefix = _read_table(path)
+        table, prefix = _extended_table(path, seen=())
     for snippet in overrides:
         try:
             extra = tomllib.loads(snippet)
@@ -349,6 +374,44 @@ def _read_table(path: Path) -> tuple[dict[str, Any], str]:
     return data, ""
 
 
+def _extended_table(path: Path, seen: tuple[Path, ...]) -> tuple[dict[str, Any], str]:
+    """The file's table on top of the one its ``extend = "../pyproject.toml"`` names (recursively,
+    as ruff): the base's paths are made absolute first, so they keep meaning its folder."""
+    table, prefix = _read_table(path)
+    base_name = table.pop("extend", None)
+    if base_name is None:
+        return table, prefix
+    where = f"{path}: '{prefix}extend'"
+    if not isinstance(base_name, str):
+        raise ConfigError(f"{where} must be a path to another configuration file")
+    base = (path.parent / base_name).resolve()
+    if base in seen or base == path.resolve():
+        raise ConfigError(f"{where}: {base_name} extends back to {path} (a cycle)")
+    if not base.is_file():
+        raise ConfigError(f"{where}: {base_name} not found (resolved to {base})")
+    base_table, _ = _extended_table(base, (*seen, path.resolve()))
+    return _deep_merge(_absolute_paths(base_table, base.parent), table), prefix
+
+
+def _absolute_paths(table: dict[str, Any], root: Path) -> dict[str, Any]:
+    """A base configuration's file paths and file specs, resolved against its own folder."""
+    def spec(value: Any) -> Any:
+        if not isinstance(value, str):
+            return value
+        target, attribute = split_spec(value)
+        return join_spec(str(root / target), attribute) if is_path_spec(target) and not Path(target).is_absolute() else value
+
+    out = dict(table)
+    if isinstance(out.get("models"), list):
+        out["models"] = [spec(m) for m in out["models"]]
+    if isinstance(out.get("baseline"), str) and not Path(out["baseline"]).is_absolute():
+        out["baseline"] = str(root / out["baseline"])
+    for key in ("per-model", "per-model-ignores"):
+        if isinstance(out.get(key), dict):
+            out[key] = {spec(name): value for name, value in out[key].items()}
+    return out
+
+
 def _deep_merge(base: dict[str, Any], extra: Mapping[str, Any]) -> dict[str, Any]:
     out = dict(base)
     for key, value in extra.items():
@@ -363,7 +426,7 @@ TOP_KEYS = (
     "models", "select", "extend-select", "ignore", "fail-on", "threshold", "mode",
     "tracer", "device", "input-dtype", "input-shapes", "output-format", "baseline",
     "per-block-ignores", "per-model-ignores", "per-model", "primitives",
-)  # fmt: skip
+)  # fmt: skip  (and `extend`, read before validation)
 MODEL_KEYS = ("input-shapes", "input-dtype", "device", "mode", "tracer", "threshold")
 
 

@@ -5,7 +5,9 @@
 * ``json``: ``Report.to_dict()``, the documented schema;
 * ``sarif``: SARIF 2.1.0 as GitHub code scanning accepts it;
 * ``github``: GitHub Actions workflow-command annotations;
-* ``markdown``: a pull-request comment summary.
+* ``markdown``: a pull-request comment summary;
+* ``junit``: JUnit XML, one test case per block (and per model-level finding), for CI test reports;
+* ``gitlab``: a GitLab Code Quality report.
 
 ``--statistics`` replaces the findings by a count per rule, like ruff.
 :func:`render` returns text for every format but ``full``; :func:`write_output`
@@ -22,12 +24,12 @@ from collections import Counter
 from pathlib import Path
 from typing import IO, Any, Optional
 
-from qlint._version import __version__
+from qlint._version import DISTRIBUTION, __version__
+from qlint.ci.config import FORMATS
 from qlint.ci.identity import finding_key, git_root, relative_path
 from qlint.core.algebra import format_q
 from qlint.core.results import Finding, ModelReport, Report, Source
 
-FORMATS = ("full", "concise", "json", "sarif", "github", "markdown")
 
 
 def _information_uri() -> str:
@@ -35,7 +37,7 @@ def _information_uri() -> str:
     try:
         from importlib.metadata import metadata
 
-        meta: Any = metadata("qlint")
+        meta: Any = metadata(DISTRIBUTION)
         for entry in meta.get_all("Project-URL") or []:
             label, _, url = entry.partition(",")
             if label.strip().lower() in ("homepage", "home", "source", "repository") and url.strip():
@@ -44,7 +46,7 @@ def _information_uri() -> str:
             return str(meta["Home-page"])
     except Exception:  # noqa: BLE001  (not installed: fall back)
         pass
-    return "https://pypi.org/project/qlint/"
+    return f"https://pypi.org/project/{DISTRIBUTION}/"
 
 SARIF_SCHEMA = "https://json.schemastore.org/sarif-2.1.0.json"
 SARIF_LEVEL = {"error": "error", "warning": "warning", "info": "note"}
@@ -135,11 +137,12 @@ def _where(model: ModelReport, finding: Finding) -> str:
     return model.spec
 
 
-def render_concise(report: Report) -> str:
+def render_concise(report: Report, *, summary: bool = True) -> str:
     lines = [f"failed: {_one_line(m.failure_line())}" for m in report.failures]
     lines += [f"{_where(m, f)}: {f.code} {_one_line(f.message)}" for m, f in _sorted_findings(report)]
-    lines.append(summary_line(report))
-    return "\n".join(lines) + "\n"
+    if summary:
+        lines.append(summary_line(report))
+    return "\n".join(lines) + ("\n" if lines else "")
 
 
 # ---------------------------------------------------------------------------
@@ -230,6 +233,70 @@ def render_markdown(report: Report) -> str:
         out.append("")
     out += [f"**{summary_line(report)}**", ""]
     return "\n".join(out)
+
+
+# ---------------------------------------------------------------------------
+# JUnit XML and GitLab Code Quality
+# ---------------------------------------------------------------------------
+
+
+def render_junit(report: Report) -> str:
+    """One <testsuite> per model; a <testcase> per block, failing with the block's findings;
+    model-level findings (no block) are a case of their own; a model qlint could not
+    analyse is one <error> case."""
+    from xml.etree import ElementTree as ET
+
+    suites = ET.Element("testsuites", name="qlint")
+    for model in report.models:
+        suite = ET.SubElement(suites, "testsuite", name=model.spec)
+        cases: dict[str, list[Finding]] = {b.name: [] for b in model.blocks}
+        for finding in model.findings:
+            cases.setdefault(finding.block or model.spec, []).append(finding)
+        if model.failure is not None:
+            error = ET.SubElement(ET.SubElement(suite, "testcase", name=model.spec, classname=model.spec), "error",
+                                  message="could not be analysed")
+            error.text = model.failure_line()
+        for name, findings in cases.items():
+            case = ET.SubElement(suite, "testcase", name=name, classname=model.spec)
+            for finding in findings:
+                where = f"{display_path(finding.source.file)}:{finding.source.line}: " if finding.source else ""
+                failure = ET.SubElement(case, "failure", message=f"{finding.code} {_one_line(finding.message)}", type=finding.severity)
+                failure.text = f"{where}{finding.code} {finding.message}"
+        failures = sum(1 for case in suite if case.find("failure") is not None)
+        suite.set("tests", str(len(suite)))
+        suite.set("failures", str(failures))
+        suite.set("errors", "1" if model.failure is not None else "0")
+    ET.indent(suites)
+    return '<?xml version="1.0" encoding="UTF-8"?>\n' + ET.tostring(suites, encoding="unicode") + "\n"
+
+
+GITLAB_SEVERITY = {"error": "major", "warning": "minor", "info": "info"}
+
+
+def render_gitlab(report: Report) -> str:
+    """GitLab's Code Quality report: a JSON array of issues with a stable fingerprint and a
+    path relative to the repository root (GitLab shows them in merge requests)."""
+    root = git_root()
+    issues = []
+    seen: Counter[str] = Counter()
+    for model, finding in _sorted_findings(report):
+        key = finding_key(model, finding, root)
+        seen["\0".join(key)] += 1
+        file = finding.source.file if finding.source else _fallback_file(model.spec)
+        issues.append({
+            "type": "issue",
+            "check_name": finding.code,
+            "description": f"{finding.code} {_one_line(finding.message)}",
+            "severity": GITLAB_SEVERITY.get(finding.severity, "minor"),
+            "fingerprint": hashlib.sha256(f"{chr(0).join(key)}:{seen[chr(0).join(key)]}".encode("utf-8")).hexdigest(),
+            "location": {"path": (relative_path(file, root) or file) if file else model.spec,
+                         "lines": {"begin": max(1, finding.source.line if finding.source else 1)}},
+        })
+    for model in report.failures:
+        issues.append({"type": "issue", "check_name": "qlint-failed", "description": f"could not be analysed: {model.failure_line()}",
+                       "severity": "blocker", "fingerprint": hashlib.sha256(model.spec.encode("utf-8")).hexdigest(),
+                       "location": {"path": model.spec, "lines": {"begin": 1}}})
+    return json.dumps(issues, indent=2, ensure_ascii=False) + "\n"
 
 
 # ---------------------------------------------------------------------------
@@ -379,8 +446,9 @@ def render_sarif(report: Report) -> str:
 # ---------------------------------------------------------------------------
 
 
-def render(report: Report, fmt: str, *, statistics: bool = False) -> str:
-    """The report as text in a non-``full`` format (``statistics``: counts per code)."""
+def render(report: Report, fmt: str, *, statistics: bool = False, summary: bool = True) -> str:
+    """The report as text in a non-``full`` format (``statistics``: counts per code;
+    ``summary=False``: concise without its summary line, for ``-q``)."""
     if fmt not in FORMATS:
         raise ValueError(f"unknown output format {fmt!r} (expected one of: {', '.join(FORMATS)})")
     if statistics:
@@ -388,13 +456,17 @@ def render(report: Report, fmt: str, *, statistics: bool = False) -> str:
     if fmt == "json":
         return json.dumps(report.to_dict(), indent=2, ensure_ascii=False) + "\n"
     if fmt == "concise":
-        return render_concise(report)
+        return render_concise(report, summary=summary)
     if fmt == "sarif":
         return render_sarif(report)
     if fmt == "github":
         return render_github(report)
     if fmt == "markdown":
         return render_markdown(report)
+    if fmt == "junit":
+        return render_junit(report)
+    if fmt == "gitlab":
+        return render_gitlab(report)
     raise ValueError("the 'full' format is rendered by qlint.ci.render (use write_output)")
 
 
@@ -416,17 +488,17 @@ def write_output(
     statistics: bool = False,
     stream: Optional[IO[str]] = None,
     color: Optional[bool] = None,
-    **full_options: Any,
+    **options: Any,
 ) -> None:
     """Write the report in ``fmt`` to ``output_file`` (created/overwritten) or ``stream``
-    (stdout). ``full_options`` go to the rich renderer (``show_all_derivations``)."""
+    (stdout). ``options`` go to the renderer: ``show_all_derivations`` (full), ``summary`` (concise)."""
     if output_file is not None:
         with open(output_file, "w", encoding="utf-8", newline="\n") as handle:
-            write_output(report, fmt, statistics=statistics, stream=handle, color=False, **full_options)
+            write_output(report, fmt, statistics=statistics, stream=handle, color=False, **options)
         return
     stream = stream if stream is not None else sys.stdout
     if fmt == "full" and not statistics:
-        _render_full(report, stream, color=color, **full_options)
+        _render_full(report, stream, color=color, **options)
     else:
-        stream.write(render(report, fmt, statistics=statistics))
+        stream.write(render(report, fmt, statistics=statistics, **options))
     stream.flush()

@@ -17,10 +17,11 @@ import os
 import re
 import tokenize
 from dataclasses import dataclass, field, replace
+from pathlib import Path
 from typing import Iterable, Optional
 
 from qlint.ci.config import Config
-from qlint.core.results import Finding, ModelReport, Source
+from qlint.core.results import Finding, ModelReport, Report, Source
 
 NOQA = re.compile(
     r"#\s*qlint\s*:\s*noqa(?:\s*:\s*(?P<codes>[A-Za-z]+[0-9]+(?:(?:\s*,\s*|\s+)[A-Za-z]+[0-9]+)*))?",
@@ -253,3 +254,66 @@ def _unused_message(d: Directive, rules: dict, config: Config) -> Optional[dict[
     if not parts:
         return None
     return {"blanket": "", "detail": f" ({'; '.join(parts)})"}
+
+
+def add_noqa(report: Report, root: Optional[Path] = None) -> tuple[int, int]:
+    """Append ``# qlint: noqa: CODES`` to the line of every finding in the repository (ruff's
+    ``--add-noqa``); returns (lines changed, files changed).
+
+    A line with a qlint noqa already gets the missing codes; a blanket one is left alone,
+    and so is a line that cannot take a comment (inside a string, or ending in a
+    backslash). QL100 findings are not suppressed this way. Each file is rewritten in one
+    atomic replace, in its own encoding and line endings.
+    """
+    from qlint.ci.identity import git_root, relative_path
+
+    root = (root or git_root()).resolve()
+    wanted: dict[str, dict[int, set[str]]] = {}
+    for model in report.models:
+        for finding in model.findings:
+            source = finding.source
+            if finding.code != "QL100" and source is not None and relative_path(source.file, root) is not None:
+                wanted.setdefault(os.path.abspath(source.file), {}).setdefault(source.line, set()).add(finding.code)
+    lines = files = 0
+    for file, codes_at in sorted(wanted.items()):
+        changed = _add_to_file(file, codes_at)
+        lines += changed
+        files += bool(changed)
+    return lines, files
+
+
+def _add_to_file(file: str, codes_at: dict[int, set[str]]) -> int:
+    with open(file, "rb") as handle:
+        raw = handle.read()
+    encoding, _ = tokenize.detect_encoding(io.BytesIO(raw).readline)
+    text = raw.decode(encoding)
+    try:
+        tokens = list(tokenize.generate_tokens(io.StringIO(text).readline))
+    except (tokenize.TokenError, SyntaxError):
+        return 0
+    open_end = {tok.start[0] for tok in tokens if tok.type in (tokenize.NEWLINE, tokenize.NL, tokenize.COMMENT)}
+    existing = {d.line: d for d in scan_source(text, file)}
+    physical = text.splitlines(keepends=True)
+    changed = 0
+    for row, codes in sorted(codes_at.items()):
+        if row not in open_end or row > len(physical):
+            continue
+        line = physical[row - 1]
+        body = line.rstrip("\r\n")
+        ending = line[len(body):]
+        directive = existing.get(row)
+        if directive is not None:
+            if directive.codes is None or codes <= set(directive.codes):
+                continue
+            merged = ", ".join(sorted({*directive.codes, *codes}))
+            body = NOQA.sub(f"# qlint: noqa: {merged}", body, count=1)
+        else:
+            body = f"{body}  # qlint: noqa: {', '.join(sorted(codes))}"
+        physical[row - 1] = body + ending
+        changed += 1
+    if changed:
+        temporary = f"{file}.qlint-tmp"
+        with open(temporary, "wb") as handle:
+            handle.write("".join(physical).encode(encoding))
+        os.replace(temporary, file)
+    return changed

@@ -10,6 +10,7 @@ not analyse a model (every other model is still analysed and reported).
 
 from __future__ import annotations
 
+import os
 import sys
 import traceback
 from pathlib import Path
@@ -17,9 +18,9 @@ from typing import Any, Optional
 
 import click
 
+from qlint.ci.config import FORMATS
 from qlint.cli.failures import fail_cleanly
 
-FORMATS = ["full", "concise", "json", "sarif", "github", "markdown"]
 
 
 def _codes(values: tuple[str, ...]) -> Optional[list[str]]:
@@ -32,6 +33,7 @@ def _codes(values: tuple[str, ...]) -> Optional[list[str]]:
 @click.command("check")
 @click.argument("specs", nargs=-1, metavar="SPEC...")
 @click.option("--format", "--output-format", "output_format", type=click.Choice(FORMATS), default=None,
+              envvar="QLINT_OUTPUT_FORMAT", show_envvar=True,
               help="Report format (default: full, or output-format in [tool.qlint]).")
 @click.option("-o", "--output-file", type=click.Path(dir_okay=False), default=None,
               help="Write the report to this file instead of stdout (a summary still goes to stderr).")
@@ -60,6 +62,12 @@ def _codes(values: tuple[str, ...]) -> Optional[list[str]]:
 @click.option("--threshold", type=float, default=None, help="Largest certified exponent q (default: 1.0).")
 @click.option("--show-derivation", is_flag=True, help="Print the derivation of every block, not only failing ones.")
 @click.option("--show-remedies", is_flag=True, help="Propose changes that certify each failing block, each re-checked (re-analyses per candidate).")
+@click.option("--color", type=click.Choice(["auto", "always", "never"]), default="auto",
+              help="Colour the full report: auto (a terminal, unless NO_COLOR is set; FORCE_COLOR forces it), always, never.")
+@click.option("-q", "--quiet", is_flag=True, help="Print the findings only: no tables, derivations or summary.")
+@click.option("-v", "--verbose", is_flag=True, help="Also print, for each model, the tracer used, the tracers tried and the graph check.")
+@click.option("--show-settings", is_flag=True, help="Print the effective settings (config file, models, enabled rules) and exit.")
+@click.option("--add-noqa", is_flag=True, help="Append `# qlint: noqa: CODES` to the line of every finding in this repository, and exit 0.")
 @click.option("--traceback", "show_traceback", is_flag=True, help="Show the Python traceback of a failure.")
 def command(
     specs: tuple[str, ...],
@@ -85,6 +93,11 @@ def command(
     threshold: Optional[float],
     show_derivation: bool,
     show_remedies: bool,
+    color: str,
+    quiet: bool,
+    verbose: bool,
+    show_settings: bool,
+    add_noqa: bool,
     show_traceback: bool,
 ) -> None:
     """Trace each SPEC (path/model.py:build_model or pkg.module:attr) and certify its blocks.
@@ -100,7 +113,21 @@ def command(
             input_dtype=input_dtype, input_shapes=list(input_shapes) or None,
             output_format=output_format, baseline=baseline,
         )  # fmt: skip
+        if show_settings:
+            click.echo(config.describe())
+            sys.exit(0)
         report = _analyse(config, remedies=show_remedies, show_traceback=show_traceback)
+        if verbose:
+            for model in report.models:
+                tried = "; ".join(model.extra.get("trace_attempts", [])) or "none before it"
+                click.echo(f"qlint: {model.spec}: tracer {model.tracer or '-'} (failed before it: {tried}); "
+                           f"graph {model.extra.get('graph_check', '-')}", err=True)
+        if add_noqa:
+            from qlint.ci.suppress import add_noqa as add
+
+            lines, files = add(report)
+            click.echo(f"qlint: added a noqa to {lines} line(s) in {files} file(s)", err=True)
+            sys.exit(2 if report.failures else 0)
         if write_baseline is not None and not report.failures:
             from qlint.ci.baseline import write_baseline as write
 
@@ -112,8 +139,9 @@ def command(
             raise click.UsageError("--prune-baseline needs a baseline (--baseline PATH or baseline = ... in [tool.qlint])")
         from qlint.ci.formats import summary_line, write_output
 
+        options = {"color": _color(color), "quiet": quiet}
         if not (len(report.failures) == len(report.models) and config.output_format in ("full", "concise") and output_file is None):
-            _write(report, config.output_format, output_file, statistics, show_derivation, write_output)  # else only the errors
+            _write(report, config.output_format, output_file, statistics, show_derivation, write_output, **options)  # else only the errors
         for fmt, path in outputs:
             _write(report, fmt, path, statistics, show_derivation, write_output)
         if output_file is not None or (outputs and config.output_format != "full"):
@@ -189,6 +217,21 @@ def _analyse(config: Any, *, remedies: bool, show_traceback: bool) -> Any:
     return analyse_configured(config, remedies=remedies, on_failure=print_traceback)
 
 
-def _write(report: Any, fmt: str, output_file: Optional[str], statistics: bool, show_derivation: bool, write_output: Any) -> None:
-    options = {"show_all_derivations": show_derivation} if fmt == "full" else {}
-    write_output(report, fmt, output_file=output_file, statistics=statistics, **options)
+def _write(report: Any, fmt: str, output_file: Optional[str], statistics: bool, show_derivation: bool, write_output: Any,
+           *, color: Optional[bool] = None, quiet: bool = False) -> None:
+    if quiet and fmt in ("full", "concise") and not statistics:
+        fmt, options = "concise", {"summary": False}
+    else:
+        options = {"show_all_derivations": show_derivation} if fmt == "full" else {}
+    write_output(report, fmt, output_file=output_file, statistics=statistics, color=color, **options)
+
+
+def _color(choice: str) -> Optional[bool]:
+    """--color: always / never; auto is a terminal, turned off by NO_COLOR and on by FORCE_COLOR."""
+    if choice != "auto":
+        return choice == "always"
+    if os.environ.get("NO_COLOR"):
+        return False
+    if os.environ.get("FORCE_COLOR"):
+        return True
+    return None
