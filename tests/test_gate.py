@@ -166,3 +166,86 @@ def test_suppressed_and_baselined_findings_stay_visible(project):
     assert states == ["unchanged", "unchanged"]
     full = qlint(project, "models.py:above", "--baseline", "base.json")
     assert "2 finding(s) suppressed (baseline)" in full.stdout and "All checks passed (0 info, 2 suppressed)." in full.stdout
+
+
+# -- the ruff-style conveniences, each through the command line ---------------------
+
+
+def test_show_settings_prints_the_effective_configuration_without_tracing(project):
+    (project / "pyproject.toml").write_text('[tool.qlint]\nmodels = ["models.py:above"]\nfail-on = "warning"\n')
+    (project / "sub").mkdir()
+    (project / "sub" / "pyproject.toml").write_text('[tool.qlint]\nextend = "../pyproject.toml"\nignore = ["QL2"]\n')
+    run = qlint(project / "sub", "--show-settings")
+    assert run.returncode == 0, run.stderr
+    assert run.stdout.startswith(f"config file        {project / 'sub' / 'pyproject.toml'}")
+    assert f"{project / 'models.py'}:above" in run.stdout  # the base's model, resolved in the base's folder
+    assert "fail-on            warning" in run.stdout and "QL201" not in run.stdout and "QL101" in run.stdout
+
+
+def test_extend_cycle_is_a_config_error(project):
+    (project / "pyproject.toml").write_text('[tool.qlint]\nextend = "other/pyproject.toml"\n')
+    (project / "other").mkdir()
+    (project / "other" / "pyproject.toml").write_text('[tool.qlint]\nextend = "../pyproject.toml"\n')
+    run = qlint(project, "--show-settings")
+    assert run.returncode == 2 and "(a cycle)" in run.stderr and "Traceback" not in run.stderr
+
+
+def test_quiet_prints_only_findings_and_verbose_names_the_tracer(project):
+    quiet = qlint(project, "models.py:above", "-q")
+    assert quiet.returncode == 1
+    assert [line.split(": ")[1].split()[0] for line in quiet.stdout.splitlines()] == ["QL101", "QL100"]
+    assert "Found" not in quiet.stdout and "derivation" not in quiet.stdout
+    clean = qlint(project, "models.py:linear", "-q", "--ignore", "QL100")
+    assert clean.returncode == 0 and clean.stdout == ""
+    verbose = qlint(project, "models.py:above", "-v", "--format", "json")
+    assert "models.py:above: tracer symbolic_trace" in verbose.stderr and "graph matches the eager model" in verbose.stderr
+
+
+def test_color_always_never_and_no_color(project):
+    assert "\x1b[" in qlint(project, "models.py:above", "--color", "always").stdout
+    assert "\x1b[" not in qlint(project, "models.py:above", "--color", "never").stdout
+    no_color = subprocess.run([sys.executable, "-m", "qlint", "models.py:above", "--color", "auto"], capture_output=True,
+                              text=True, cwd=project, timeout=300, env={**_env(), "PYTHONPATH": str(ROOT), "NO_COLOR": "1", "FORCE_COLOR": "1"})
+    assert "\x1b[" not in no_color.stdout and "QL101" in no_color.stdout
+
+
+def test_output_format_from_the_environment(project):
+    run = subprocess.run([sys.executable, "-m", "qlint", "models.py:above"], capture_output=True, text=True, cwd=project,
+                         timeout=300, env={**_env(), "PYTHONPATH": str(ROOT), "QLINT_OUTPUT_FORMAT": "json"})
+    assert json.loads(run.stdout)["models"][0]["verdict"] == "supercritical"
+
+
+def test_junit_and_gitlab_reports(project):
+    from xml.etree import ElementTree as ET
+
+    run = qlint(project, "models.py:above", "models.py:broken", "--format", "junit", "--output", "gitlab:quality.json")
+    assert run.returncode == 2
+    suites = ET.fromstring(run.stdout)
+    above, broken = suites.findall("testsuite")
+    assert above.get("name") == "models.py:above" and above.get("failures") == "1" and broken.get("errors") == "1"
+    assert [f.get("message").split()[0] for f in above.iter("failure")] == ["QL101", "QL100"]
+    issues = json.loads((project / "quality.json").read_text())
+    assert [i["check_name"] for i in issues] == ["QL101", "QL100", "qlint-failed"]
+    assert issues[0]["location"] == {"path": "models.py", "lines": {"begin": ABOVE_ADD}} and issues[0]["severity"] == "major"
+    assert len({i["fingerprint"] for i in issues}) == 3
+
+
+def test_add_noqa_suppresses_every_finding_in_place(project):
+    before = (project / "models.py").read_text()
+    run = qlint(project, "models.py:above", "models.py:quadratic", "--add-noqa")
+    assert run.returncode == 0 and "added a noqa to 1 line(s) in 1 file(s)" in run.stderr
+    after = (project / "models.py").read_text().splitlines()
+    assert after[ABOVE_ADD - 1].endswith("return x + self.lin(x) ** 2  # qlint: noqa: QL101")
+    assert len(after) == len(before.splitlines())
+    assert qlint(project, "models.py:above", "models.py:quadratic").returncode == 0
+    assert qlint(project, "models.py:above", "--add-noqa").stderr.count("added a noqa to 0 line(s)") == 1  # idempotent
+
+
+def test_subcommands_complete():
+    import os
+
+    env = {**os.environ, "_QLINT_COMPLETE": "bash_complete", "COMP_WORDS": "qlint ex", "COMP_CWORD": "1", "PYTHONPATH": str(ROOT)}
+    run = subprocess.run([sys.executable, "-m", "qlint"], capture_output=True, text=True, env=env, timeout=120)
+    assert run.stdout.split() == ["plain,explain"]
+    env.update(COMP_WORDS="qlint check --fail", COMP_CWORD="2")
+    assert "plain,--fail-on" in subprocess.run([sys.executable, "-m", "qlint"], capture_output=True, text=True, env=env, timeout=120).stdout
