@@ -249,3 +249,71 @@ def test_subcommands_complete():
     assert run.stdout.split() == ["plain,explain"]
     env.update(COMP_WORDS="qlint check --fail", COMP_CWORD="2")
     assert "plain,--fail-on" in subprocess.run([sys.executable, "-m", "qlint"], capture_output=True, text=True, env=env, timeout=120).stdout
+
+
+LIBRARY = textwrap.dedent(
+    """\
+    import torch
+    from torch import nn
+
+
+    class Cubic(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.w1, self.w2 = nn.Linear(8, 8), nn.Linear(8, 8)
+
+        def forward(self, x):
+            return x + self.w2(self.w1(x) ** 3)
+
+
+    def build():
+        return nn.Sequential(Cubic(), nn.LayerNorm(8)), (torch.randn(2, 8),)
+    """
+)
+
+
+@pytest.fixture
+def library_user(tmp_path: Path) -> Path:
+    """A repository whose model comes from an installed library outside it."""
+    (tmp_path / "site").mkdir()
+    (tmp_path / "site" / "vendored_models.py").write_text(LIBRARY)
+    repo = tmp_path / "repo"
+    (repo / ".git").mkdir(parents=True)
+    (repo / "pyproject.toml").write_text('[tool.qlint]\nmodels = ["train.py:model"]\n')
+    (repo / "train.py").write_text("import vendored_models\n\n\ndef model():\n    return vendored_models.build()\n")
+    return repo
+
+
+def _library_run(repo: Path, *args: str) -> subprocess.CompletedProcess:
+    env = {**_env(), "PYTHONPATH": f"{ROOT}:{repo.parent / 'site'}"}
+    return subprocess.run([sys.executable, "-m", "qlint", *args], capture_output=True, text=True, cwd=repo, timeout=300, env=env)
+
+
+def test_a_finding_in_library_code_lands_on_the_users_factory_line(library_user):
+    sarif = json.loads(_library_run(library_user, "--format", "sarif").stdout)
+    [result] = [r for r in sarif["runs"][0]["results"] if r["ruleId"] == "QL101"]
+    location = result["locations"][0]["physicalLocation"]
+    assert location["artifactLocation"] == {"uri": "train.py", "uriBaseId": "%SRCROOT%"}
+    assert location["region"]["startLine"] == 4  # def model():
+    related = result["relatedLocations"][0]["physicalLocation"]["artifactLocation"]["uri"]
+    assert related.startswith("file://") and related.endswith("site/vendored_models.py")
+    github = _library_run(library_user, "--format", "github").stdout
+    assert "::error file=train.py,line=4,title=QL101::" in github
+
+
+def test_library_findings_are_suppressed_on_the_factory_line_or_per_model(library_user):
+    train = library_user / "train.py"
+    train.write_text(train.read_text().replace("def model():", "def model():  # qlint: noqa: QL101"))
+    assert _library_run(library_user).returncode == 0
+    train.write_text(train.read_text().replace("  # qlint: noqa: QL101", ""))
+    assert _library_run(library_user).returncode == 1
+    (library_user / "pyproject.toml").write_text(
+        '[tool.qlint]\nmodels = ["train.py:model"]\n[tool.qlint.per-model-ignores]\n"train.py:model" = ["QL101"]\n'
+    )
+    doc = json.loads(_library_run(library_user, "--format", "json").stdout)
+    assert doc["models"][0]["findings"] == [] and doc["models"][0]["suppressed"][0]["suppression"] == "per-model-ignores"
+    (library_user / "pyproject.toml").write_text(
+        '[tool.qlint]\nmodels = ["train.py:model"]\n[tool.qlint.per-model-ignores]\n"train.py:modle" = ["QL101"]\n'
+    )
+    typo = _library_run(library_user)
+    assert typo.returncode == 2 and "did you mean 'train.py:model'?" in typo.stderr

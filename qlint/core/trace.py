@@ -384,8 +384,9 @@ def capture(model: torch.nn.Module, inputs: Optional[tuple], registry: Any = Non
     and user declarations); without one every module is traced through.
     """
     registry = registry if registry is not None else _NoLeaves()
-    if type(model).__call__ is not torch.nn.Module.__call__ or "forward" in model.__dict__:
-        what = "__call__" if type(model).__call__ is not torch.nn.Module.__call__ else "forward (on the instance)"
+    own_call = not (getattr(type(model).__call__, "__module__", "") or "").startswith("torch")  # GraphModule's is torch's
+    if own_call or "forward" in model.__dict__:
+        what = "__call__" if own_call else "forward (on the instance)"
         raise TraceFailure(f"{type(model).__name__} overrides {what}: qlint traces the class's forward, which is then "
                            "not what calling the model runs; wrap it in a module whose forward does the work")
     order = list(TRACERS)
