@@ -230,7 +230,7 @@ def test_sarif_validates_against_the_official_schema(repo):
 def test_render_rejects_unknown_formats(repo):
     with pytest.raises(ValueError, match="unknown output format"):
         render(make_report(repo), "xml")
-    assert set(FORMATS) == {"full", "concise", "json", "sarif", "github", "markdown"}
+    assert set(FORMATS) == {"full", "concise", "json", "sarif", "github", "markdown", "junit", "gitlab"}
 
 
 def test_write_output_to_file_and_stream(repo, capsys):

@@ -500,5 +500,5 @@ def write_output(
     if fmt == "full" and not statistics:
         _render_full(report, stream, color=color, **options)
     else:
-        stream.write(render(report, fmt, statistics=statistics, **options))
+        stream.write(render(report, fmt, statistics=statistics, summary=options.get("summary", True)))
     stream.flush()
