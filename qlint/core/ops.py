@@ -247,8 +247,9 @@ class Call:
 
     def selectors(self, *names: str) -> None:
         """Mark tensor arguments that only select entries (indices, masks, a grid): their
-        values say which entries are taken, never how large they are (an unknown selector
-        leaves the result known)."""
+        values say which entries are taken, never how large they are. A selector qlint
+        could not bound is still contagious (it may be NaN, or of a length that grows with
+        the input)."""
         self.read.update(names)
         self.selected = self.selected | frozenset(names)
 

@@ -94,7 +94,10 @@ class GrowthProp(fx.Interpreter):
         if n.op == "output":
             return CONSTANT
         info = facts(n)
-        if info.meta_output:
+        if info.meta_output:  # a size or a dtype: fixed, unless it is the size of a value qlint could not bound
+            unbounded = next((g for p in n.all_input_nodes if (g := joint(self.env[p])).depends and g.q is None), None)
+            if unbounded is not None:
+                return unknown(f"the size of a value qlint cannot bound (its length may grow with the input): {unbounded.culprit}")
             return CONSTANT
         if info.declared is not None:
             inputs = info.region_inputs if info.region_inputs else n.all_input_nodes
@@ -135,7 +138,8 @@ class GrowthProp(fx.Interpreter):
         if not isinstance(value, torch.Tensor):
             return CONSTANT
         real = not value.is_complex()
-        if isinstance(value, torch.nn.Parameter) or _is_buffer(self.module, str(n.target)) or value.is_meta:
+        lifted = str(n.target).startswith("_tensor_constant")  # fx registers the constants it lifts as buffers
+        if isinstance(value, torch.nn.Parameter) or (_is_buffer(self.module, str(n.target)) and not lifted) or value.is_meta:
             return Growth(0.0, depends=False, real=real)
         if value.numel() == 0 or not real:
             return Growth(0.0, depends=False, real=real)
@@ -144,8 +148,8 @@ class GrowthProp(fx.Interpreter):
             lo, hi = float(data.min()), float(data.max())
         except (RuntimeError, TypeError):
             return Growth(0.0, depends=False, real=real)
-        if math.isnan(lo) or math.isnan(hi):
-            return Growth(0.0, depends=False, real=real)
+        if not (math.isfinite(lo) and math.isfinite(hi)):  # rsqrt(arange(8)) evaluated while tracing: inf
+            return Growth(None, depends=False, real=real, culprit=f"the tensor constant `{n.target}` holds inf or NaN")
         return Growth(0.0, depends=False, real=real, range=Range(lo=lo, hi=hi, pos=lo > 0, neg=hi < 0))
 
     def _declared(self, info: NodeFacts, inputs: list[Value]) -> Growth:
@@ -213,10 +217,9 @@ def run_transfer(n: fx.Node, info: NodeFacts, env: Any, training: bool, override
     reason = call.unread(primitive.meta_args, primitive.params if "*" not in primitive.params else frozenset(call.arguments))
     if reason is not None:
         return unknown(reason), call
-    if "total" not in primitive.family:
-        poisoned = _unknown_argument(arguments, primitive.meta_args | call.selected)
-        if poisoned is not None and joint(value).q is not None:
-            return Growth(None, culprit=poisoned.culprit), call  # an unknown argument is never certified away
+    poisoned = _unknown_argument(arguments, primitive.meta_args)  # selectors too: an unknown one may be NaN or of unknown length
+    if poisoned is not None and joint(value).q is not None:
+        return Growth(None, culprit=poisoned.culprit), call  # an unknown argument is never certified away
     if call.ignored_constants(primitive.meta_args):
         value = _without_ranges(value)
     return value, call

@@ -220,7 +220,7 @@ def _statistic(node: Any) -> Optional[_Statistic]:
     if op in ("variance", "std"):
         if _arg(node, "correction", 1) is not None and not _is_number(_arg(node, "correction", 1)):
             return None
-        if not _keeps_dims(node):
+        if not _keeps_dims(node) or not _more_entries_than_correction(node):
             return None
         base = strip(_arg(node, "input"))
         return _Statistic(base=base, kind="var", reduction=node, centred=True, rooted=op == "std")
@@ -242,6 +242,27 @@ def _statistic(node: Any) -> Optional[_Statistic]:
     if op == "abs":
         return _Statistic(base=strip(_arg(node, "input")), kind="abs", reduction=None, centred=False, rooted=True)
     return None
+
+
+def _more_entries_than_correction(node: fx.Node) -> bool:
+    """A variance reads more entries than its correction (else it is NaN or inf: the std of
+    one entry, unbiased); unknown shapes are refused."""
+    from qlint.core.graph import tensor_meta
+
+    shape = getattr(tensor_meta(_arg(node, "input")), "shape", None)
+    if shape is None:
+        return False
+    correction, unbiased = _arg(node, "correction", None), _arg(node, "unbiased", True)
+    dim = _arg(node, "dim", None)
+    if isinstance(unbiased, int) and not isinstance(unbiased, bool):  # x.std(0) bound to std(unbiased)
+        dim, unbiased = unbiased, True
+    correction = correction if _is_number(correction) else (1 if unbiased is not False else 0)
+    dims = [] if dim is None else list(dim) if isinstance(dim, (list, tuple)) else [dim]
+    try:
+        count = math.prod(int(shape[d]) for d in dims) if dims else math.prod(int(s) for s in shape)
+    except (IndexError, TypeError, ValueError):
+        return False
+    return count > correction
 
 
 def _op_name(node: fx.Node) -> str:

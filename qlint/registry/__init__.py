@@ -53,7 +53,6 @@ FAMILIES = {
     "reduction": "reduces over dimensions",
     "complex": "accepts complex inputs",
     "preserves_range": "keeps its input's entrywise range",
-    "total": "bounded whatever its arguments are, unknown ones included",
 }
 
 

@@ -12,9 +12,11 @@ from __future__ import annotations
 import math
 from typing import Any, Callable, Optional
 
+import torch.fx as fx
+
 from qlint.core import algebra, domain
 from qlint.core.domain import ANY, CONSTANT, Growth, Range, unknown
-from qlint.core.graph import META_ATTRIBUTES
+from qlint.core.graph import META_ATTRIBUTES, dtype_of, tensor_meta
 from qlint.core.ops import Call
 
 TRANSFERS: dict[str, Callable[..., Any]] = {}
@@ -95,6 +97,8 @@ def _scaled(g: Optional[Growth], factor: Any) -> Optional[Growth]:
     if g is None:
         return None
     if _is_number(factor) or isinstance(factor, bool):
+        if not math.isfinite(factor):
+            return unknown("a value scaled by an infinite or NaN constant")
         if factor == 1:
             return g
         return Growth(g.q if factor != 0 or g.depends else 0.0, depends=g.depends and factor != 0, real=g.real,
@@ -132,6 +136,8 @@ def nonzero_constant(call: Call, name: str) -> bool:
         info = facts(source)
         if not ({"plumbing"} & info.family) or _rounds_to_integers(source, info):
             return False
+        if any(isinstance(v, fx.Node) for k, v in info.bound.arguments.items() if k != "input"):
+            return False  # copy(p, src) / p.clone().copy_(src): the value is src's, not p's
         source = info.bound.arguments.get("input") if info.bound is not None else None
     return getattr(source, "op", None) == "get_attr" and _learned_or_nonzero(source)
 
@@ -222,6 +228,10 @@ def select(call: Call, entry: Any) -> Any:
     constant factor only.
     """
     call.meta(*entry.meta_args)
+    dynamic = _length_from_values(call)
+    if dynamic is not None:
+        call.every()
+        return unknown(dynamic)
     source = call.value("input")
     index = call.value("index") if call.has("index") else None
     call.selectors("index", "indices", "mask", "repeats", "shifts", "offsets", "sorted_sequence")
@@ -236,6 +246,57 @@ def select(call: Call, entry: Any) -> Any:
     if realness is not source.real:
         return Growth(source.q, depends=source.depends, real=realness, culprit=source.culprit)
     return source
+
+
+def _length_from_values(call: Call) -> Optional[str]:
+    """Why the output's length depends on the input's values, if it does.
+
+    A sum over a tensor whose length grows with ||x|| grows faster than its entries:
+    ``repeat_interleave(v, r)`` with r from x, ``x[mask]`` / ``masked_select`` with a mask
+    from x, ``x.repeat(n)`` with n from x. Such a length is no constant factor.
+    """
+    def dependent(value: Any) -> bool:
+        return any(g.depends for g in _growths_of(value))
+
+    if call.op in ("repeat_interleave", "repeat", "tile", "expand", "broadcast_to"):
+        repeats = call.arguments.get("repeats", call.arguments.get("dims", call.arguments.get("size")))
+        if call.op == "repeat_interleave" and not call.has("repeats"):
+            repeats = call.arguments.get("input")  # repeat_interleave(r): r is the repeats
+        if dependent(repeats):
+            return f"{call.op} with counts computed from the input (the output's length grows with it)"
+    if call.op == "masked_select" and dependent(call.arguments.get("mask")):
+        return "masked_select with a mask computed from the input (the output's length depends on it)"
+    for name in ("index", "indices"):
+        if any(_is_bool_tensor(call, g) for g in _index_nodes(call, name)):
+            return "boolean indexing with a mask computed from the input (the output's length depends on it)"
+    return None
+
+
+def _growths_of(value: Any) -> list[Growth]:
+    if isinstance(value, Growth):
+        return [value]
+    if isinstance(value, (list, tuple)):
+        return [g for item in value for g in _growths_of(item)]
+    return []
+
+
+def _index_nodes(call: Call, name: str) -> list[Any]:
+    """The graph nodes passed as an index argument (one, or a tuple for x[a, b]) that depend on the input."""
+    from qlint.core.graph import facts
+
+    node = call.node
+    bound = facts(node).bound if node is not None and "qlint" in getattr(node, "meta", {}) else None
+    raw = bound.arguments.get(name) if bound is not None else None
+    values = call.arguments.get(name)
+    pairs = zip(raw, values) if isinstance(raw, (list, tuple)) and isinstance(values, (list, tuple)) else [(raw, values)]
+    return [n for n, g in pairs if isinstance(g, Growth) and g.depends and hasattr(n, "meta")]
+
+
+def _is_bool_tensor(call: Call, node: Any) -> bool:
+    """Whether a graph value is a boolean tensor (from the trace's shape and dtype records)."""
+    import torch
+
+    return dtype_of(node) == torch.bool
 
 
 @transfer("cast")
@@ -307,6 +368,8 @@ def constructor(call: Call, entry: Any) -> Any:
     value, when the graph computes it (``x.norm().item()``), carries its growth.
     """
     call.meta(*entry.meta_args)
+    if call.op in ("arange", "range", "linspace", "logspace"):
+        return _sequence(call)
     values: list[Growth] = []
     for name in ("fill_value", "value", "data", "start", "end", "step", "steps", "mean", "std", "low", "high"):
         if call.has(name):
@@ -319,6 +382,29 @@ def constructor(call: Call, entry: Any) -> Any:
         r = domain.union(*[v.range for v in values])
     out = combine_max(*values, r=r) if values else Growth(0.0, depends=False, range=r)
     return out
+
+
+def _sequence(call: Call) -> Growth:
+    """arange / linspace / logspace: with numeric arguments, the exact range of the values made
+    (arange(8) holds 0, not only 8); with an end point computed from the input the length
+    (arange) or the values (logspace: base ** x) are not bounded by a polynomial."""
+    import torch
+
+    names = ("start", "end", "step", "steps", "base")
+    raw = {n: call.value(n) for n in names if call.has(n)}
+    call.accept_params()
+    if any(isinstance(v, Growth) and v.depends for v in raw.values()):
+        return unknown(f"{call.op} with an end point or a step computed from the input")
+    if not all(_is_number(v) for v in raw.values()):
+        return Growth(0.0, depends=False)
+    try:
+        made = getattr(torch, call.op)(**{k: v for k, v in raw.items()}) if call.op != "range" else torch.arange(
+            raw.get("start", 0), raw.get("end", 0) + raw.get("step", 1), raw.get("step", 1))
+    except (TypeError, RuntimeError, ValueError):
+        return Growth(0.0, depends=False)
+    if made.numel() == 0 or not bool(torch.isfinite(made).all()):
+        return Growth(0.0, depends=False)
+    return Growth(0.0, depends=False, range=domain.interval(float(made.min()), float(made.max())))
 
 
 # --- arithmetic ---------------------------------------------------------------------------------
@@ -358,6 +444,8 @@ def mul(call: Call, entry: Any) -> Any:
     a, b = call.growth("input"), call.growth("other")
     if a is None or b is None:
         return combine_max(a, b)
+    if any(_is_number(call.value(n)) and not math.isfinite(call.value(n)) for n in ("input", "other")):
+        return unknown("a product with an infinite or NaN constant")
     same = call.node is not None and len(call.node.args) >= 2 and call.node.args[0] is call.node.args[1]
     if same and a.real is True:
         return combine_product(a, b, r=domain.square(a.range))
@@ -883,6 +971,9 @@ def batch_norm(call: Call, entry: Any) -> Any:
         running = [g for g in (mean, var) if g is not None and g.depends]
         if running:
             return unknown(f"{entry.name} whose running statistics depend on the input")
+        trusted = _running_variance_ok(call, ok)
+        if trusted is not None:
+            return unknown(f"{entry.name} with running statistics: {trusted}")
         centred = combine_max(x, mean)
         out = combine_product(centred, weight) if weight is not None else centred
         out = combine_max(out, bias) if bias is not None else out
@@ -890,6 +981,34 @@ def batch_norm(call: Call, entry: Any) -> Any:
     if call.op in ("batch_norm", "instance_norm"):
         return out
     return (out, stats, stats, stats, stats)
+
+
+def _running_variance_ok(call: Call, eps_ok: bool) -> Optional[str]:
+    """Why (x - mu) / sqrt(var + eps) may not be finite, if it may: var must be a buffer (the
+    norm's own statistics, a mean of squares, >= 0; a parameter or an expression can go
+    negative) and var + eps > 0 for every entry (checked on its value when it has one)."""
+    import torch
+
+    from qlint.core.graph import facts
+
+    bound = facts(call.node).bound if call.node is not None and "qlint" in call.node.meta else None
+    source = bound.arguments.get("running_var") if bound is not None else None
+    if source is None:
+        return None
+    if getattr(source, "op", None) != "get_attr":
+        return "the running variance is computed, so it may be negative"
+    owner = source.graph.owning_module
+    value = getattr(owner, str(source.target), None) if owner is not None else None
+    try:
+        value = owner.get_buffer(str(source.target)) if owner is not None else value
+    except AttributeError:
+        return "the running variance is a parameter, which may be negative"
+    eps = _number(call, "eps", 1e-5)
+    if not isinstance(value, torch.Tensor) or value.is_meta:
+        return None if eps_ok else "eps <= 0 with a running variance that may be 0"
+    if not bool((value + (eps if _is_number(eps) else 0.0) > 0).all()):
+        return "var + eps <= 0 for some channel (NaN or inf)"
+    return None
 
 
 # --- reductions -------------------------------------------------------------------------------
@@ -904,6 +1023,8 @@ def reduce(call: Call, entry: Any) -> Any:
     call.accept_params()
     if x is None:
         return CONSTANT
+    if call.op not in ("sum", "nansum", "cumsum", "trace") and (degenerate := _degenerate(call)) is not None:
+        return unknown(degenerate)  # mean of nothing is NaN, logsumexp of nothing -inf
     r = _range_of(x)
     if call.op in ("sum", "nansum", "cumsum", "trace"):
         r = Range(lo=0.0 if r.nonneg else -math.inf, hi=0.0 if r.nonpos else math.inf, pos=r.pos, neg=r.neg)
@@ -958,14 +1079,44 @@ def norm(call: Call, entry: Any) -> Any:
     return Growth(x.q if x.depends else 0.0, depends=x.depends, range=Range(lo=0.0), culprit=x.culprit)
 
 
+def _reduced_count(call: Call, dim: Any = "read") -> Optional[int]:
+    """How many entries each output of a reduction reads (None when the shape is not known)."""
+    shape = _input_shape(call)
+    if shape is None:
+        return None
+    dim = call.param("dim", None) if dim == "read" else dim
+    dims = [] if dim is None else list(dim) if isinstance(dim, (list, tuple)) else [dim]
+    try:
+        return math.prod(shape[d] for d in dims) if dims else math.prod(shape)
+    except (IndexError, TypeError):
+        return None
+
+
+def _degenerate(call: Call, correction: int = 0, dim: Any = "read") -> Optional[str]:
+    """A reduction over no entries (mean NaN, logsumexp -inf), or a variance over no more
+    entries than its correction (n - correction <= 0: NaN or inf)."""
+    count = _reduced_count(call, dim)
+    if count is not None and count <= correction:
+        return f"{call.op} over {count} entr{'y' if count == 1 else 'ies'} (correction {correction}): not finite"
+    return None
+
+
 @transfer("moment")
 def moment(call: Call, entry: Any) -> Any:
     """var(x) <= mean(x^2) is quadratic (q = 2 q_x); std = sqrt(var) is 1-homogeneous; both >= 0.
-    var_mean / std_mean also return the mean (q_x, inside the entries' range)."""
+    var_mean / std_mean also return the mean (q_x, inside the entries' range). Over no more
+    entries than the correction (std of one entry, unbiased) they are NaN: unknown."""
     x = call.growth("input")
+    correction, unbiased, dim = call.param("correction", None), call.param("unbiased", True), call.param("dim", None)
+    if isinstance(unbiased, int) and not isinstance(unbiased, bool):  # x.std(0) bound to std(unbiased): a dim
+        dim, unbiased = unbiased, True
+    correction = int(correction) if _is_number(correction) else (1 if unbiased is not False else 0)
     call.accept_params()
     if x is None:
         return CONSTANT
+    degenerate = _degenerate(call, correction, dim)
+    if degenerate is not None:
+        return unknown(degenerate)
     if x.real is False:
         spread_q = algebra.compose(2.0, x.q) if call.op.startswith("var") else x.q
         spread = Growth(spread_q if x.depends else 0.0, depends=x.depends, real=True, range=Range(lo=0.0), culprit=x.culprit)
@@ -1001,8 +1152,7 @@ def prod(call: Call, entry: Any) -> Any:
 
 def _input_shape(call: Call) -> Optional[tuple]:
     arg = call.node.args[0] if call.node is not None and call.node.args else None
-    value = getattr(arg, "meta", {}).get("val") if arg is not None else None
-    shape = getattr(value, "shape", None)
+    shape = getattr(tensor_meta(arg), "shape", None)
     try:
         return tuple(int(s) for s in shape) if shape is not None else None
     except TypeError:
@@ -1074,20 +1224,29 @@ def lp_pool(call: Call, entry: Any) -> Any:
 @transfer("bincount")
 def bincount(call: Call, entry: Any) -> Any:
     """Counts are bounded by the number of entries (histc, bincount); with weights, each bin is a
-    sum of weights: the weights' exponent."""
+    sum of weights: the weights' exponent. histogram also returns its bin edges, which span
+    the data's range: the data's exponent."""
     weights = call.growth("weights")
+    data = call.growth("input")
     call.accept_params()
     depends = any(g.depends for g in call.every())
-    if weights is not None:
-        return combine_max(weights)
-    return Growth(0.0, depends=depends, range=Range(lo=0.0))
+    if call.op == "bincount" and data is not None and data.depends and not math.isfinite(_range_of(data).hi):
+        return unknown("bincount of indices computed from the input with no upper bound (its length grows with them)")
+    counts = combine_max(weights) if weights is not None else Growth(0.0, depends=depends, range=Range(lo=0.0))
+    if call.op == "histogram":  # (counts, bin edges): the edges span [min x, max x], linear in x
+        edges = Growth(data.q, depends=data.depends, real=data.real, culprit=data.culprit) if data is not None else CONSTANT
+        return (counts, edges)
+    return counts
 
 
 @transfer("indices")
 def indices(call: Call, entry: Any) -> Any:
     """argmax / argsort / nonzero / searchsorted / bucketize: integer positions, bounded by the
-    tensor's shape whatever the magnitude."""
+    tensor's shape whatever the magnitude. nonzero / argwhere of a value computed from the
+    input have a length that depends on it: unknown (a sum over them is no constant)."""
     depends = any(g.depends for g in call.every())
+    if depends and call.op in ("nonzero", "argwhere"):
+        return unknown(f"{call.op} of a value computed from the input (the output's length depends on it)")
     return Growth(0.0, depends=depends, range=Range(lo=0.0))
 
 
@@ -1106,10 +1265,24 @@ def bounded(call: Call, entry: Any) -> Any:
     if call.has("eps") and not _eps_ok(call, "eps", 1e-8):
         call.every()
         return unknown(f"{entry.name} with eps <= 0")
+    tau = _number(call, "tau", 1.0)
+    if call.has("tau") and not (_is_number(tau) and tau > 0 and math.isfinite(tau)):
+        call.every()
+        return unknown(f"{entry.name} with tau = {tau} (softmax(logits / tau) is NaN at tau = 0)")
     depends = any(g.depends for g in call.every())
     complex_input = any(g.real is False and g.depends for g in call.every())
     if complex_input and "complex" not in entry.family:
         return unknown(f"{entry.name} of a complex value")
+    return Growth(0.0, depends=depends, range=entry.declared_range(ANY))
+
+
+@transfer("one_hot")
+def one_hot(call: Call, entry: Any) -> Any:
+    """0 or 1 entries; unknown when the width (num_classes = -1) is read off input-dependent indices."""
+    classes = _number(call, "num_classes", -1)
+    depends = any(g.depends for g in call.every())
+    if depends and not (_is_number(classes) and classes > 0):
+        return unknown("one_hot with num_classes = -1 of indices computed from the input (its width grows with them)")
     return Growth(0.0, depends=depends, range=entry.declared_range(ANY))
 
 
@@ -1211,14 +1384,25 @@ def activation(call: Call, entry: Any) -> Any:
     shrinkage lambda, threshold value): |sigma(x)| <= L|x| + b for every parameter value, so
     q = 1; the declared lower bound holds only at the default parameters.
 
-    Except CELU with alpha <= 0: celu(x) = max(0, x) + min(0, alpha (exp(x/alpha) - 1)), and
+    Every such parameter must be finite. Except CELU with alpha <= 0 (and ATen's ELU with
+    input_scale <= 0, the same exponential on -x): celu(x) = max(0, x) + min(0, alpha (exp(x/alpha) - 1)), and
     for alpha < 0 the exponential runs on -x/|alpha|, unbounded as x -> -inf (alpha = 0 divides
     by 0). ELU's alpha (exp(x) - 1) for x < 0 is bounded by |alpha| whatever its sign."""
+    for name in ("alpha", "scale", "input_scale", "negative_slope", "lower", "upper", "lambd", "value"):
+        number = _number(call, name, 0.0)
+        if _is_number(number) and not math.isfinite(number):
+            call.every()
+            return unknown(f"{call.op} with {name} = {number}")
     if call.op == "celu":
         alpha = _number(call, "alpha", 1.0)
         if not (_is_number(alpha) and alpha > 0):
             call.every()
             return unknown(f"celu with alpha = {alpha} (not > 0): it grows like exp(|x|/|alpha|)")
+    if call.op == "elu" and call.has("input_scale"):  # aten.elu(x, alpha, scale, input_scale): alpha (exp(input_scale x) - 1)
+        input_scale = _number(call, "input_scale", 1.0)
+        if not (_is_number(input_scale) and input_scale > 0):
+            call.every()
+            return unknown(f"elu with input_scale = {input_scale} (not > 0): its negative branch grows like exp(|x|)")
     return default(call, entry)
 
 
@@ -1531,7 +1715,11 @@ def erfcx(call: Call, entry: Any) -> Any:
 
 @transfer("unbounded")
 def unbounded(call: Call, entry: Any) -> Any:
-    """Registered only to be named: poles, NaN domains and super-polynomial special functions."""
+    """Registered only to be named: poles, NaN domains and super-polynomial special functions.
+
+    Of a value that does not depend on the input (a parameter expression) it is a hazard,
+    as log and sqrt of one are: asin(p) is NaN for every |p| > 1, atanh(p) infinite at 1.
+    """
     if not any(g.depends for g in call.every()):
-        return CONSTANT
+        return hazard(f"{call.label()} of a parameter expression (a pole or a NaN domain for some parameter values)")
     return unknown(f"{call.label()} has no polynomial bound ({entry.q.removeprefix('none (').rstrip(')')})")
