@@ -59,9 +59,12 @@ def analyse_configured(settings: Config, *, remedies: bool = False,
     """
     from qlint.ci.suppress import apply_suppressions
 
+    from qlint.loader import check_spec
+
     models = []
     for spec in settings.models:
         try:
+            check_spec(spec)  # a missing file or a folder is reported without importing torch
             models.append(_one(settings, spec, remedies=remedies))
         except Exception as exc:  # noqa: BLE001  (one model's failure is reported, the run goes on)
             if on_failure is not None:

@@ -102,16 +102,25 @@ def declared_name(cls: type) -> str:
     return f"{module}.{cls.__qualname__}"
 
 
+def check_spec(spec: str) -> tuple[str, str]:
+    """The spec's location and attribute, or the LoadError a user should see before torch is
+    imported (a folder, a file that does not exist, an attribute that is no Python name)."""
+    location, attribute = split_spec(spec)
+    if Path(location).is_dir():
+        raise LoadError(f"{location} is a folder; give a Python file or module and its factory, e.g. {location.rstrip('/')}/model.py:build_model")
+    if is_path_spec(location) and not Path(location).is_file():
+        raise LoadError(f"no such file: {location}")
+    attribute = attribute or "build_model"
+    if not all(part.isidentifier() for part in attribute.split(".")):
+        raise LoadError(f"invalid attribute {attribute!r} in {spec!r}; expected MODULE:ATTRIBUTE")
+    return location, attribute
+
+
 def load(spec: str) -> LoadedModel:
     """The model (and its example inputs if the factory gives them) for a spec."""
     import torch
 
-    location, attribute = split_spec(spec)
-    if Path(location).is_dir():
-        raise LoadError(f"{location} is a folder; give a Python file or module and its factory, e.g. {location.rstrip('/')}/model.py:build_model")
-    attribute = attribute or "build_model"
-    if not all(part.isidentifier() for part in attribute.split(".")):
-        raise LoadError(f"invalid attribute {attribute!r} in {spec!r}; expected MODULE:ATTRIBUTE")
+    location, attribute = check_spec(spec)
     target: Any = import_target(location)
     for part in attribute.split("."):
         if not hasattr(target, part):

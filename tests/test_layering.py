@@ -89,6 +89,17 @@ def test_config_errors_do_not_import_torch(tmp_path):
     assert out["torch"] is False
 
 
+@pytest.mark.parametrize("spec", ["missing.py:build", "fixtures", "fixtures/toy.py:not-a-name"])
+def test_spec_errors_do_not_import_torch(tmp_path, spec):
+    script = "import json" + _TORCH_FREE.format(args=[[str(ROOT / spec) if spec != "missing.py:build" else spec, "--isolated"]])
+    result = subprocess.run([sys.executable, "-c", f"import os; os.chdir({str(tmp_path)!r})\n" + script], cwd=ROOT, capture_output=True,
+                            text=True, env={"PYTHONPATH": str(ROOT), "PATH": ""})
+    assert result.returncode == 0, result.stderr
+    out = json.loads(result.stdout)
+    assert out["codes"] == [2] and "qlint: error:" in out["out"][0], out["out"]
+    assert out["torch"] is False
+
+
 def test_a_built_wheel_carries_the_rules(tmp_path):
     """A non-editable install finds rules/ as qlint/_rules: the catalogue and the QL codes load from the wheel alone."""
     built = subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation", "-w", str(tmp_path), str(ROOT)],
