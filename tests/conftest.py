@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import importlib.util
+import sys
 from pathlib import Path
+from types import ModuleType
 
 import pytest
 
@@ -13,6 +16,35 @@ FIXTURES = ROOT / "fixtures"
 def fixture_spec(name: str) -> str:
     """'mamba.py:native' -> absolute spec of a bundled fixture."""
     return str(FIXTURES / name)
+
+
+def load_module(path: Path, name: str) -> ModuleType:
+    """Import a script or fixture file by its path, registered under ``name`` in sys.modules
+    (dataclasses resolve their module by name)."""
+    spec = importlib.util.spec_from_file_location(name, path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+# A supercritical block (x + W2 (W1 x)^3, q = 3) for tests that write model files; the `**`
+# is on line CUBIC_LINE. Tests append the factory they need.
+CUBIC_MODULE = '''\
+import torch
+from torch import nn
+
+
+class Cubic(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.w1, self.w2 = nn.Linear(8, 8), nn.Linear(8, 8)
+
+    def forward(self, x):
+        return x + self.w2(self.w1(x) ** 3)
+'''
+CUBIC_LINE = 11
 
 
 @pytest.fixture(autouse=True, scope="session")

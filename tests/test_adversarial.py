@@ -17,33 +17,22 @@ one-line error and the rest are judged normally.
 
 from __future__ import annotations
 
-import importlib.util
 import inspect
 import json
 import os
 import subprocess
 import sys
-from pathlib import Path
 from typing import Any
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
+from conftest import ROOT, load_module
 TRUTH_PATH = ROOT / "bench" / "adversarial_truth.py"
 CANARY = "fixtures/adversarial/skip_syntax.py:sub_skip_safe"  # the plainest residual block of the corpus
 MAX_CLI_RUNS = 30  # bisection budget when the single run fails
 
 
-def _load_truth():
-    spec = importlib.util.spec_from_file_location("adversarial_truth", TRUTH_PATH)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["adversarial_truth"] = module  # dataclasses resolve their module by name
-    spec.loader.exec_module(module)
-    return module
-
-
-truth = _load_truth()
+truth = load_module(TRUTH_PATH, "adversarial_truth")
 CASES = truth.load_cases()
 IDS = [case.spec for case in CASES]
 
@@ -165,10 +154,7 @@ def test_every_factory_has_a_label():
     labelled = {case.spec for case in CASES}
     found = set()
     for path in sorted(truth.ADVERSARIAL.glob("*.py")):
-        spec = importlib.util.spec_from_file_location(f"adversarial_scan_{path.stem}", path)
-        assert spec is not None and spec.loader is not None
-        module = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(module)
+        module = load_module(path, f"adversarial_scan_{path.stem}")
         for name, obj in vars(module).items():
             if inspect.isfunction(obj) and obj.__module__ == module.__name__ and not name.startswith("_"):
                 if not inspect.signature(obj).parameters:

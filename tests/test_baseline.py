@@ -178,12 +178,12 @@ def test_missing_baseline_is_a_clear_error():
 
 # -- end to end ------------------------------------------------------------------
 
-E2E_MODEL = '''\
+STACK = '''\
 import torch
 from torch import nn
 
 
-class Net(nn.Module):
+class Block(nn.Module):
     def __init__(self, p):
         super().__init__()
         self.p = p
@@ -193,12 +193,24 @@ class Net(nn.Module):
         return x + self.w2(self.w1(x) ** self.p)
 
 
+class Net(nn.Module):
+    def __init__(self, powers):
+        super().__init__()
+        self.layers = nn.ModuleList(Block(p) for p in powers)
+        self.norm = nn.LayerNorm(8)
+
+    def forward(self, x):
+        for layer in self.layers:
+            x = layer(x)
+        return self.norm(x)
+
+
 def cubic():
-    return Net(3), (torch.randn(2, 4, 8),)
+    return Net([3]), (torch.randn(2, 4, 8),)
 
 
 def quintic():
-    return Net(5), (torch.randn(2, 4, 8),)
+    return Net([5]), (torch.randn(2, 4, 8),)
 '''
 
 
@@ -212,7 +224,7 @@ def qlint(*args: str):
 
 def make_project(root: Path, shift: int = 0) -> Path:
     root.mkdir(parents=True, exist_ok=True)
-    (root / "base_model.py").write_text("\n" * shift + E2E_MODEL)
+    (root / "base_model.py").write_text("\n" * shift + STACK)
     (root / "pyproject.toml").write_text('[tool.qlint]\nmodels = ["base_model.py:cubic"]\n')
     return root
 
@@ -250,37 +262,6 @@ def test_cli_malformed_or_missing_baseline_exits_2(tmp_path, monkeypatch):
 
 
 # -- each ordinary edit, through the command line ---------------------------------
-
-STACK = '''\
-import torch
-from torch import nn
-
-
-class Block(nn.Module):
-    def __init__(self, p):
-        super().__init__()
-        self.p = p
-        self.w1, self.w2 = nn.Linear(8, 8), nn.Linear(8, 8)
-
-    def forward(self, x):
-        return x + self.w2(self.w1(x) ** self.p)
-
-
-class Net(nn.Module):
-    def __init__(self, powers):
-        super().__init__()
-        self.layers = nn.ModuleList(Block(p) for p in powers)
-        self.norm = nn.LayerNorm(8)
-
-    def forward(self, x):
-        for layer in self.layers:
-            x = layer(x)
-        return self.norm(x)
-
-
-def cubic():
-    return Net([3]), (torch.randn(2, 4, 8),)
-'''
 
 EDITS = {
     "renamed file": lambda text, names: (text, {**names, "file": "stack_model.py"}),

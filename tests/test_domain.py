@@ -16,7 +16,7 @@ from fractions import Fraction
 
 import pytest
 import torch
-from hypothesis import HealthCheck, assume, given, settings
+from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import torch.fx as fx

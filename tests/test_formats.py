@@ -18,6 +18,7 @@ from qlint.ci.formats import (
     write_output,
 )
 from qlint.core.results import Block, Finding, ModelReport, Report, Source
+from conftest import CUBIC_LINE, CUBIC_MODULE
 from qlint.lint.rule import rules as load_all
 
 
@@ -250,24 +251,11 @@ def test_write_output_to_file_and_stream(repo, capsys):
 
 # -- end to end: the check command's output options ---------------------------------
 
-E2E_MODEL = '''\
-import torch
-from torch import nn
-
-
-class Cubic(nn.Module):
-    def __init__(self):
-        super().__init__()
-        self.w1, self.w2 = nn.Linear(8, 8), nn.Linear(8, 8)
-
-    def forward(self, x):
-        return x + self.w2(self.w1(x) ** 3)
-
+E2E_MODEL = CUBIC_MODULE + """
 
 def cubic():
     return Cubic(), (torch.randn(2, 4, 8),)
-'''
-CUBIC_LINE = 11
+"""
 
 
 @pytest.fixture

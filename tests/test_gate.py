@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import ROOT
+from conftest import CUBIC_MODULE, ROOT
 
 MODELS = textwrap.dedent(
     """\
@@ -251,25 +251,11 @@ def test_subcommands_complete():
     assert "plain,--fail-on" in subprocess.run([sys.executable, "-m", "qlint"], capture_output=True, text=True, env=env, timeout=120).stdout
 
 
-LIBRARY = textwrap.dedent(
-    """\
-    import torch
-    from torch import nn
+LIBRARY = CUBIC_MODULE + """
 
-
-    class Cubic(nn.Module):
-        def __init__(self):
-            super().__init__()
-            self.w1, self.w2 = nn.Linear(8, 8), nn.Linear(8, 8)
-
-        def forward(self, x):
-            return x + self.w2(self.w1(x) ** 3)
-
-
-    def build():
-        return nn.Sequential(Cubic(), nn.LayerNorm(8)), (torch.randn(2, 8),)
-    """
-)
+def build():
+    return nn.Sequential(Cubic(), nn.LayerNorm(8)), (torch.randn(2, 8),)
+"""
 
 
 @pytest.fixture

@@ -6,7 +6,6 @@ core <- registry <- lint <- analysis <- ci / probe / remedies <- api <- verify <
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import shutil
@@ -16,14 +15,11 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
+from conftest import ROOT, load_module
 
 
 def _import_graph():
-    spec = importlib.util.spec_from_file_location("import_graph", ROOT / "scripts" / "import_graph.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_module(ROOT / "scripts" / "import_graph.py", "import_graph")
 
 
 def test_no_import_cycles_and_no_upward_arrows():

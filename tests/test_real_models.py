@@ -10,7 +10,6 @@ import json
 import os
 
 import pytest
-import torch
 from click.testing import CliRunner
 
 from qlint.cli import main

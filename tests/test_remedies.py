@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import importlib.util
 from pathlib import Path
 
 import pytest
@@ -17,16 +16,13 @@ from qlint.analysis import run_specs as check
 from qlint.ci.render import render_full
 from qlint.core.graph import module_path
 
-ROOT = Path(__file__).resolve().parents[1]
+from conftest import ROOT, load_module
 
 
 def fixture(name: str):
     """'mamba.py:native' -> (model, example_inputs) from the bundled fixture."""
     file, factory = name.split(":")
-    spec = importlib.util.spec_from_file_location(f"fixture_{Path(file).stem}", ROOT / "fixtures" / file)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return getattr(module, factory)()
+    return getattr(load_module(ROOT / "fixtures" / file, f"fixture_{Path(file).stem}"), factory)()
 
 
 def analysed(name: str):

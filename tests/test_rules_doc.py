@@ -1,18 +1,13 @@
 """docs/rules.md is generated from the rule units and must not drift from them."""
 
-import importlib.util
-from pathlib import Path
 
 from qlint.lint.rule import rules as load_all
 
-ROOT = Path(__file__).resolve().parents[1]
+from conftest import ROOT, load_module
 
 
 def generator():
-    spec = importlib.util.spec_from_file_location("gen_rules_doc", ROOT / "scripts" / "gen_rules_doc.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_module(ROOT / "scripts" / "gen_rules_doc.py", "gen_rules_doc")
 
 
 def test_docs_rules_md_is_up_to_date():

@@ -350,3 +350,19 @@ def test_the_checks_leave_the_users_model_as_it_was():
     report = qlint.analyze(model, (torch.randn(4, 8),), isolated=True)
     assert report.verdict == "certified" and model.training
     assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())
+
+
+@pytest.mark.parametrize("tracer", ["symbolic_trace", "export", "make_fx"])
+def test_every_tracer_shares_the_models_parameters(tracer):
+    """The redrawn-parameter comparison redraws the model's parameters in place; a graph that
+    held its own copies would be refused (fail closed), so every tracer must share them."""
+    import torch
+    from torch import nn
+
+    from qlint.core.trace import _shares_parameters, capture
+
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(8, 8), nn.LayerNorm(8))
+    traced = capture(model, (torch.randn(2, 8),), prefer=tracer)
+    assert traced.tracer == tracer and _shares_parameters(traced.module, model)
+    assert "with redrawn parameters" in traced.graph_check

@@ -1,8 +1,6 @@
 """Tests for qlint.zoo reference architectures and their fixtures/ entry files."""
-import importlib.util
 import math
 import sys
-from pathlib import Path
 
 import pytest
 import torch
@@ -10,7 +8,7 @@ import torch
 from qlint.zoo import mamba, patchtst, toy
 from qlint.zoo import transformer as tr
 
-FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
+from conftest import FIXTURES, load_module
 FACTORIES = {
     "mamba": ["native", "rmsnorm", "preln", "periln", "linear_growth", "build_model"],
     "patchtst": ["free", "rmsnorm", "preln", "periln"],
@@ -30,9 +28,7 @@ def load_fixture(family):
     """Load fixtures/<family>.py by path, with its folder on sys.path, as qlint does."""
     sys.path.insert(0, str(FIXTURES))
     try:
-        spec = importlib.util.spec_from_file_location(f"zoo_fixture_{family}", FIXTURES / f"{family}.py")
-        module = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(module)
+        module = load_module(FIXTURES / f"{family}.py", f"zoo_fixture_{family}")
     finally:
         sys.path.remove(str(FIXTURES))
     return module

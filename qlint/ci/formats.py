@@ -240,6 +240,18 @@ def render_markdown(report: Report) -> str:
 # ---------------------------------------------------------------------------
 
 
+def fingerprints(found: list[tuple[ModelReport, Finding]], root: Path) -> list[str]:
+    """A stable, unique id per finding: the hash of its structural key (qlint.ci.identity)
+    and its occurrence number among equal keys (two identical findings stay two)."""
+    seen: Counter[str] = Counter()
+    out = []
+    for model, finding in found:
+        digest = hashlib.sha256("\0".join(finding_key(model, finding, root)).encode("utf-8")).hexdigest()[:32]
+        seen[digest] += 1
+        out.append(f"{digest}:{seen[digest]}")
+    return out
+
+
 def render_junit(report: Report) -> str:
     """One <testsuite> per model; a <testcase> per block, failing with the block's findings;
     model-level findings (no block) are a case of their own; a model qlint could not
@@ -278,17 +290,15 @@ def render_gitlab(report: Report) -> str:
     path relative to the repository root (GitLab shows them in merge requests)."""
     root = git_root()
     issues = []
-    seen: Counter[str] = Counter()
-    for model, finding in _sorted_findings(report):
-        key = finding_key(model, finding, root)
-        seen["\0".join(key)] += 1
+    found = _sorted_findings(report)
+    for (model, finding), fingerprint in zip(found, fingerprints(found, root)):
         file = finding.source.file if finding.source else _fallback_file(model.spec)
         issues.append({
             "type": "issue",
             "check_name": finding.code,
             "description": f"{finding.code} {_one_line(finding.message)}",
             "severity": GITLAB_SEVERITY.get(finding.severity, "minor"),
-            "fingerprint": hashlib.sha256(f"{chr(0).join(key)}:{seen[chr(0).join(key)]}".encode("utf-8")).hexdigest(),
+            "fingerprint": fingerprint,
             "location": {"path": (relative_path(file, root) or file) if file else model.spec,
                          "lines": {"begin": max(1, finding.source.line if finding.source else 1)}},
         })
@@ -363,18 +373,15 @@ def to_sarif(report: Report, root: Optional[Path] = None) -> dict[str, Any]:
     index = {code: i for i, code in enumerate(codes)}
 
     results = []
-    seen: Counter[str] = Counter()
     every = [*_sorted_findings(report), *((m, f) for m in report.models for f in m.suppressed)]
-    for model, finding in every:
+    for (model, finding), fingerprint in zip(every, fingerprints(every, root)):
         key = finding_key(model, finding, root)
-        digest = hashlib.sha256("\0".join(key).encode("utf-8")).hexdigest()[:32]
-        seen[digest] += 1
         result: dict[str, Any] = {
             "ruleId": finding.code,
             "ruleIndex": index[finding.code],
             "level": SARIF_LEVEL.get(finding.severity, "warning"),
             "message": {"text": finding.message or finding.code},
-            "partialFingerprints": {"qlintFindingHash/v2": f"{digest}:{seen[digest]}"},
+            "partialFingerprints": {"qlintFindingHash/v2": fingerprint},
             "properties": {
                 k: v
                 for k, v in (("model", key[0]), ("block", finding.block), ("severity", finding.severity))

@@ -256,16 +256,16 @@ class Call:
     def growths(self, name: str) -> list[Growth]:
         """Every Growth inside an argument (a list of tensors for cat, stack, ...)."""
         self.read.add(name)
-        return list(_growths_in(self.arguments.get(name)))
+        return list(growths_in(self.arguments.get(name)))
 
     def depends_any(self) -> bool:
         """Whether any argument depends on the input (reads nothing)."""
-        return any(g.depends for g in _growths_in(list(self.arguments.values())))
+        return any(g.depends for g in growths_in(list(self.arguments.values())))
 
     def every(self) -> list[Growth]:
         """Every Growth among all arguments, marking them read."""
         self.read.update(self.arguments)
-        return list(_growths_in(list(self.arguments.values())))
+        return list(growths_in(list(self.arguments.values())))
 
     # -- what was ignored ----------------------------------------------------------------
 
@@ -280,7 +280,7 @@ class Call:
         for name, value in self.arguments.items():
             if name in self.read or name in meta_args:
                 continue
-            dependent = [g for g in _growths_in(value) if g.depends]
+            dependent = [g for g in growths_in(value) if g.depends]
             if dependent:
                 return f"argument `{name}` depends on the input and the rule for {self.label()} does not account for it"
             if name in NEUTRAL or name in accepted or _is_tensor_like(value):
@@ -301,19 +301,20 @@ class Call:
         return f"`{describe(self.node, self.module)}`"
 
 
-def _growths_in(value: Any) -> Iterator[Growth]:
+def growths_in(value: Any) -> Iterator[Growth]:
+    """Every Growth inside an argument (nested lists, tuples and dicts)."""
     if isinstance(value, Growth):
         yield value
     elif isinstance(value, (list, tuple)):
         for item in value:
-            yield from _growths_in(item)
+            yield from growths_in(item)
     elif isinstance(value, dict):
         for item in value.values():
-            yield from _growths_in(item)
+            yield from growths_in(item)
 
 
 def _is_tensor_like(value: Any) -> bool:
-    return any(True for _ in _growths_in(value))
+    return any(True for _ in growths_in(value))
 
 
 def _same(a: Any, b: Any) -> bool:

@@ -28,7 +28,7 @@ import operator
 import sys
 import warnings
 from dataclasses import dataclass, field
-from typing import Any, Iterator, Optional, Sequence
+from typing import Any, Iterator, Optional
 
 import torch
 import torch.fx as fx
@@ -462,17 +462,17 @@ def compare_with_eager(model: torch.nn.Module, module: fx.GraphModule, inputs: O
             for scale in SCALES if floats else ():
                 scaled = tuple(x * scale if isinstance(x, torch.Tensor) and x.is_floating_point() else x for x in inputs)
                 _compare_again(module, model, scaled, f"on the inputs scaled by {scale:g}", scaled=True)
-            shared = _shares_parameters(module, model)
-            for redraw in _redraws(model, saved) if shared else ():
+            if not _shares_parameters(module, model):  # redrawing the model's would not redraw the graph's
+                raise GraphMismatch("the graph holds its own copy of the parameters: it cannot be checked with redrawn ones")
+            for redraw in _redraws(model, saved):
                 _compare_again(module, model, inputs, f"with the parameters {redraw}")
                 _restore(model, saved)
     finally:
         _restore(model, saved)
         torch.random.set_rng_state(state)
     count = len(_tensors(graph_out))
-    redrawn = "and with redrawn parameters" if shared else "(not with redrawn parameters: the graph holds its own copy of them)"
     return (f"matches the eager model on the example inputs, scaled by {', '.join(f'{s:g}' for s in SCALES)}, "
-            f"{redrawn} ({count} output{'s' if count != 1 else ''})")
+            f"and with redrawn parameters ({count} output{'s' if count != 1 else ''})")
 
 
 SCALES = (1e3, 1e6)

@@ -35,7 +35,7 @@ from qlint.core.engine import Analysis, source_of
 from qlint.core.graph import module_path, run_cone
 from qlint.core.results import Finding
 from qlint.lint.rule import rule
-from qlint.lint.graph_queries import argument, is_normalizer, normalised_input
+from qlint.lint.graph_queries import argument, is_normalizer
 from qlint.lint.looped import Loop, cone, find_loops
 from qlint.probe.measure import ProbeError, Trajectory, jvp_power_iteration, operator_norm, stable_norm, trace_float64
 

@@ -19,7 +19,7 @@ import inspect
 
 import importlib
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Iterable, Optional, Union
 

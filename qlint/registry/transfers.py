@@ -17,7 +17,7 @@ import torch.fx as fx
 from qlint.core import algebra, domain
 from qlint.core.domain import ANY, CONSTANT, Growth, Range, unknown
 from qlint.core.graph import META_ATTRIBUTES, dtype_of, tensor_meta
-from qlint.core.ops import Call
+from qlint.core.ops import Call, growths_in
 
 TRANSFERS: dict[str, Callable[..., Any]] = {}
 
@@ -113,12 +113,22 @@ def hazard(what: str) -> Growth:
     return Growth(None, depends=False, culprit=f"{what}: not finite for every parameter value")
 
 
+def _argument_node(call: Call, name: str) -> Any:
+    """The graph node (or nodes, or constant) bound to an argument, as the trace wrote it."""
+    from qlint.core.graph import facts
+
+    node = call.node
+    bound = facts(node).bound if node is not None and "qlint" in getattr(node, "meta", {}) else None
+    return bound.arguments.get(name) if bound is not None else None
+
+
 def nonzero_constant(call: Call, name: str) -> bool:
     """Whether an input-independent divisor is 0 at most on a null set of parameter values.
 
     It is when its range excludes 0, when it is a nonzero number, or when it is a raw
-    parameter or buffer (through copies and views): a learned value is exactly 0 only on a
-    null set. A parameter *expression* is not trusted (relu(p), clamp(p, 0, 5), LN of a
+    parameter (through views and floating casts): a learned value is exactly 0 only on a
+    null set; a buffer or a constant only when none of its entries is 0. A parameter
+    *expression* (an integer cast, a copy of something else) is not trusted (relu(p), clamp(p, 0, 5), LN of a
     constant are 0 on whole regions of parameter space).
     """
     from qlint.core.graph import facts
@@ -129,12 +139,10 @@ def nonzero_constant(call: Call, name: str) -> bool:
     raw = call.value(name)
     if _is_number(raw):
         return raw != 0
-    node = call.node
-    bound = facts(node).bound if node is not None and "qlint" in getattr(node, "meta", {}) else None
-    source = bound.arguments.get(name) if bound is not None else None
+    source = _argument_node(call, name)
     while source is not None and getattr(source, "op", None) in ("call_function", "call_method") and "qlint" in source.meta:
         info = facts(source)
-        if not ({"plumbing"} & info.family) or _rounds_to_integers(source, info):
+        if not ({"plumbing"} & info.family) or _rounds_to_integers(info):
             return False
         if any(isinstance(v, fx.Node) for k, v in info.bound.arguments.items() if k != "input"):
             return False  # copy(p, src) / p.clone().copy_(src): the value is src's, not p's
@@ -142,7 +150,7 @@ def nonzero_constant(call: Call, name: str) -> bool:
     return getattr(source, "op", None) == "get_attr" and _learned_or_nonzero(source)
 
 
-def _rounds_to_integers(node: Any, info: Any) -> bool:
+def _rounds_to_integers(info: Any) -> bool:
     """An integer or bool cast: it is 0 on a whole interval of parameter values ((-1, 1) for trunc)."""
     import torch
 
@@ -255,8 +263,10 @@ def _length_from_values(call: Call) -> Optional[str]:
     ``repeat_interleave(v, r)`` with r from x, ``x[mask]`` / ``masked_select`` with a mask
     from x, ``x.repeat(n)`` with n from x. Such a length is no constant factor.
     """
+    import torch
+
     def dependent(value: Any) -> bool:
-        return any(g.depends for g in _growths_of(value))
+        return any(g.depends for g in growths_in(value))
 
     if call.op in ("repeat_interleave", "repeat", "tile", "expand", "broadcast_to"):
         repeats = call.arguments.get("repeats", call.arguments.get("dims", call.arguments.get("size")))
@@ -267,36 +277,17 @@ def _length_from_values(call: Call) -> Optional[str]:
     if call.op == "masked_select" and dependent(call.arguments.get("mask")):
         return "masked_select with a mask computed from the input (the output's length depends on it)"
     for name in ("index", "indices"):
-        if any(_is_bool_tensor(call, g) for g in _index_nodes(call, name)):
+        if any(dtype_of(node) == torch.bool for node in _index_nodes(call, name)):
             return "boolean indexing with a mask computed from the input (the output's length depends on it)"
     return None
 
 
-def _growths_of(value: Any) -> list[Growth]:
-    if isinstance(value, Growth):
-        return [value]
-    if isinstance(value, (list, tuple)):
-        return [g for item in value for g in _growths_of(item)]
-    return []
-
-
 def _index_nodes(call: Call, name: str) -> list[Any]:
     """The graph nodes passed as an index argument (one, or a tuple for x[a, b]) that depend on the input."""
-    from qlint.core.graph import facts
-
-    node = call.node
-    bound = facts(node).bound if node is not None and "qlint" in getattr(node, "meta", {}) else None
-    raw = bound.arguments.get(name) if bound is not None else None
+    raw = _argument_node(call, name)
     values = call.arguments.get(name)
     pairs = zip(raw, values) if isinstance(raw, (list, tuple)) and isinstance(values, (list, tuple)) else [(raw, values)]
     return [n for n, g in pairs if isinstance(g, Growth) and g.depends and hasattr(n, "meta")]
-
-
-def _is_bool_tensor(call: Call, node: Any) -> bool:
-    """Whether a graph value is a boolean tensor (from the trace's shape and dtype records)."""
-    import torch
-
-    return dtype_of(node) == torch.bool
 
 
 @transfer("cast")
@@ -989,19 +980,15 @@ def _running_variance_ok(call: Call, eps_ok: bool) -> Optional[str]:
     negative) and var + eps > 0 for every entry (checked on its value when it has one)."""
     import torch
 
-    from qlint.core.graph import facts
-
-    bound = facts(call.node).bound if call.node is not None and "qlint" in call.node.meta else None
-    source = bound.arguments.get("running_var") if bound is not None else None
+    source = _argument_node(call, "running_var")
     if source is None:
         return None
     if getattr(source, "op", None) != "get_attr":
         return "the running variance is computed, so it may be negative"
     owner = source.graph.owning_module
-    value = getattr(owner, str(source.target), None) if owner is not None else None
     try:
-        value = owner.get_buffer(str(source.target)) if owner is not None else value
-    except AttributeError:
+        value = owner.get_buffer(str(source.target)) if owner is not None else None
+    except AttributeError:  # not a buffer: a parameter (or an attribute fx lifted)
         return "the running variance is a parameter, which may be negative"
     eps = _number(call, "eps", 1e-5)
     if not isinstance(value, torch.Tensor) or value.is_meta:
