@@ -16,7 +16,7 @@ import torch.fx as fx
 
 from qlint.core import algebra, domain
 from qlint.core.domain import ANY, CONSTANT, Growth, Range, unknown
-from qlint.core.graph import META_ATTRIBUTES, dtype_of, tensor_meta
+from qlint.core.graph import META_ATTRIBUTES, tensor_meta
 from qlint.core.ops import Call, growths_in
 
 TRANSFERS: dict[str, Callable[..., Any]] = {}
@@ -257,37 +257,19 @@ def select(call: Call, entry: Any) -> Any:
 
 
 def _length_from_values(call: Call) -> Optional[str]:
-    """Why the output's length depends on the input's values, if it does.
+    """Why the output's length grows with the input, if it does.
 
     A sum over a tensor whose length grows with ||x|| grows faster than its entries:
-    ``repeat_interleave(v, r)`` with r from x, ``x[mask]`` / ``masked_select`` with a mask
-    from x, ``x.repeat(n)`` with n from x. Such a length is no constant factor.
+    ``repeat_interleave(v, r)`` with counts r from x, ``x.repeat(n)`` with n from x. (A
+    boolean mask or ``nonzero`` only selects among a fixed number of entries: no growth.)
     """
-    import torch
-
-    def dependent(value: Any) -> bool:
-        return any(g.depends for g in growths_in(value))
-
     if call.op in ("repeat_interleave", "repeat", "tile", "expand", "broadcast_to"):
         repeats = call.arguments.get("repeats", call.arguments.get("dims", call.arguments.get("size")))
         if call.op == "repeat_interleave" and not call.has("repeats"):
             repeats = call.arguments.get("input")  # repeat_interleave(r): r is the repeats
-        if dependent(repeats):
+        if any(g.depends for g in growths_in(repeats)):
             return f"{call.op} with counts computed from the input (the output's length grows with it)"
-    if call.op == "masked_select" and dependent(call.arguments.get("mask")):
-        return "masked_select with a mask computed from the input (the output's length depends on it)"
-    for name in ("index", "indices"):
-        if any(dtype_of(node) == torch.bool for node in _index_nodes(call, name)):
-            return "boolean indexing with a mask computed from the input (the output's length depends on it)"
     return None
-
-
-def _index_nodes(call: Call, name: str) -> list[Any]:
-    """The graph nodes passed as an index argument (one, or a tuple for x[a, b]) that depend on the input."""
-    raw = _argument_node(call, name)
-    values = call.arguments.get(name)
-    pairs = zip(raw, values) if isinstance(raw, (list, tuple)) and isinstance(values, (list, tuple)) else [(raw, values)]
-    return [n for n, g in pairs if isinstance(g, Growth) and g.depends and hasattr(n, "meta")]
 
 
 @transfer("cast")
@@ -1229,11 +1211,8 @@ def bincount(call: Call, entry: Any) -> Any:
 @transfer("indices")
 def indices(call: Call, entry: Any) -> Any:
     """argmax / argsort / nonzero / searchsorted / bucketize: integer positions, bounded by the
-    tensor's shape whatever the magnitude. nonzero / argwhere of a value computed from the
-    input have a length that depends on it: unknown (a sum over them is no constant)."""
+    tensor's shape whatever the magnitude (nonzero's length is at most the input's numel)."""
     depends = any(g.depends for g in call.every())
-    if depends and call.op in ("nonzero", "argwhere"):
-        return unknown(f"{call.op} of a value computed from the input (the output's length depends on it)")
     return Growth(0.0, depends=depends, range=Range(lo=0.0))
 
 
