@@ -139,7 +139,8 @@ class GrowthProp(fx.Interpreter):
             return CONSTANT
         real = not value.is_complex()
         lifted = str(n.target).startswith("_tensor_constant")  # fx registers the constants it lifts as buffers
-        if isinstance(value, torch.nn.Parameter) or (_is_buffer(self.module, str(n.target)) and not lifted) or value.is_meta:
+        trainable = value.requires_grad  # a plain tensor attribute an optimizer is given trains like a Parameter
+        if isinstance(value, torch.nn.Parameter) or trainable or (is_buffer(self.module, str(n.target)) and not lifted) or value.is_meta:
             return Growth(0.0, depends=False, real=real)
         if value.numel() == 0 or not real:
             return Growth(0.0, depends=False, real=real)
@@ -184,7 +185,7 @@ class GrowthProp(fx.Interpreter):
         return computed
 
 
-def _is_buffer(module: torch.nn.Module, target: str) -> bool:
+def is_buffer(module: torch.nn.Module, target: str) -> bool:
     owner_path, _, name = target.rpartition(".")
     try:
         owner = module.get_submodule(owner_path) if owner_path else module

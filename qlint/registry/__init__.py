@@ -91,7 +91,8 @@ class Primitive:
             return domain_union(input_range, Range(lo=0.0, hi=0.0))
         if isinstance(self.range, (list, tuple)):
             lo, hi = (float(v) for v in self.range[:2])
-            return Range(lo=lo, hi=hi, pos=len(self.range) > 2 and self.range[2] == "open" and lo >= 0)
+            is_open = len(self.range) > 2 and self.range[2] == "open"
+            return Range(lo=lo, hi=hi, lo_open=is_open, hi_open=is_open)
         return ANY
 
 

@@ -429,8 +429,7 @@ def _reciprocal_range(d: Growth) -> Optional[Range]:
     """The range of 1/d, or None when d may come arbitrarily close to 0."""
     r = d.range if d.real is True else ANY
     if r.floor:  # d >= c > 0
-        return Range(lo=1.0 / r.hi if r.hi < math.inf else 0.0, hi=1.0 / r.lo if r.lo > 0 else math.inf,
-                     pos=True, below=True, above=True)
+        return domain.reciprocal(r)
     if r.ceil:
         return domain.negate(_reciprocal_range(_negated(d)))  # type: ignore[arg-type]
     return None
@@ -450,7 +449,7 @@ def div(call: Call, entry: Any) -> Any:
     if _is_number(raw) or isinstance(raw, bool):
         if raw == 0:
             return unknown("division by zero")
-        r = domain.mul(_range_of(a), domain.point(1.0 / float(raw)))
+        r = domain.divide(_range_of(a), float(raw))
         return _rounded(Growth(a.q, depends=a.depends, real=a.real, range=r, culprit=a.culprit), rounding)
     inverse = _reciprocal_range(b)
     if b.depends and inverse is None:
