@@ -175,11 +175,20 @@ class GraphFacts:
         One interpreter for the whole trace: each node is evaluated at most once, and only
         the nodes ``node`` needs, in graph order (no walk of the node list per question).
         """
-        if node in self.data:
-            return None
         if self._constants is None:
             self._constants = fx.Interpreter(self.module)
-        env = self._constants.env
+        return self._evaluate(node, self._constants)
+
+    def evaluate(self, node: fx.Node, overrides: dict[fx.Node, Any]) -> Any:
+        """A parameter expression's value with some of its leaves replaced (a witness search), or None."""
+        interpreter = fx.Interpreter(self.module)
+        interpreter.env.update(overrides)
+        return self._evaluate(node, interpreter)
+
+    def _evaluate(self, node: fx.Node, interpreter: fx.Interpreter) -> Any:
+        if node in self.data:
+            return None
+        env = interpreter.env
         needed, stack = set(), [node]
         while stack:
             current = stack.pop()
@@ -191,7 +200,7 @@ class GraphFacts:
         try:
             with torch.no_grad():
                 for current in sorted(needed, key=self.order.__getitem__):
-                    env[current] = self._constants.run_node(current)
+                    env[current] = interpreter.run_node(current)
         except Exception:  # a parameter expression that cannot run here (meta tensors)
             return None
         return env[node]

@@ -4,21 +4,23 @@ The static rules QL301-QL303 look at the linear part of the loop map
 G(h) = Ā ⊙ h + f(h, e). Whether the full map contracts is a property of its
 Jacobian at the fixed point, which only running it tells: starting from the state
 the model reaches on the example input, G is iterated in float64 until
-||G(h) - h|| / ||h|| falls below the tolerance (or the iteration budget runs out),
-then at the final h
+||G(h) - h|| / ||h|| falls below the tolerance or 003's budget of 2×10⁴ iterations
+runs out (near rho = 1 the approach is slow, and a Jacobian taken before the fixed
+point is not the one that decides), then at the final h
 
-* the spectral radius rho_spec(J_G), by power iteration on Jacobian-vector products
-  with the growth rates averaged geometrically (Gelfand's formula, robust to the
-  complex eigenvalue pairs that make the approach spiral), the asymptotic rate;
-* the operator norm ||J_G||_2, by power iteration on J^T J (one JVP and one VJP a
-  step); the gap ||J_G||_2 - rho_spec measures non-normality (003, Table 3: at low
-  carry ||J_G||_2 > 1 while rho_spec < 1);
+* the spectral radius rho_spec(J_G), the asymptotic rate, and the operator norm
+  ||J_G||_2; the gap between them measures non-normality (003, Table 3: at low
+  carry ||J_G||_2 > 1 while rho_spec < 1). A state of up to ``dense_limit`` entries
+  gets its dense Jacobian decomposed exactly; a larger one Arnoldi on JVPs, each
+  figure with its error bar (:mod:`qlint.probe.measure`);
 * the smallest per-token spread (standard deviation over channels) of the input of
   the block's first normalization: LayerNorm's Jacobian is bounded by gamma / s(x),
   so an imploding token spikes the loop's gain (003, Section 6).
 
-A thin spectral margin 1 - rho_spec < 0.05 is reported as QL304, a loop that does
-not settle (bounded orbit or divergence) as QL305.
+A thin spectral margin 1 - rho_spec < 0.05 at the fixed point (or one whose error bar
+does not clear 0.05) is reported as QL304; a loop still converging when the budget
+runs out gets no margin verdict, QL304 says it is not yet at the fixed point; a loop
+that does not settle (bounded orbit or divergence) is QL305.
 """
 
 from __future__ import annotations
@@ -36,18 +38,35 @@ from qlint.core.graph import module_path, run_cone
 from qlint.core.results import Finding
 from qlint.lint.rule import rule
 from qlint.lint.graph_queries import argument, is_normalizer
-from qlint.lint.looped import Loop, cone, find_loops
-from qlint.probe.measure import ProbeError, Trajectory, jvp_power_iteration, operator_norm, stable_norm, trace_float64
+from qlint.lint.looped import Loop, carry_value, cone, find_loops
+from qlint.probe.measure import (
+    Estimate,
+    ProbeError,
+    Trajectory,
+    arnoldi_spectral_radius,
+    dense_spectrum,
+    lanczos_operator_norm,
+    stable_norm,
+    trace_float64,
+)
 
 
 @dataclass(frozen=True)
 class LoopSettings:
-    """How long to iterate and how to measure."""
+    """How long to iterate and how to measure the Jacobian.
 
-    max_iterations: int = 1000
-    tolerance: float = 1e-10  # relative residual ||G(h) - h|| / ||h|| at which the loop has settled
-    power_iterations: int = 200  # for rho_spec: Gelfand's tail average converges like 1/iterations
-    norm_iterations: int = 50  # for ||J_G||_2: power iteration on J^T J converges geometrically
+    ``dense_limit`` is 2048 state entries: up to it J_G is formed (n JVPs, vectorised)
+    and decomposed by LAPACK, exact but O(n³): eigvals of a 2048×2048 matrix takes
+    about 5 s on one core, 4096 eight times that. Beyond it Arnoldi needs 80 to a few
+    hundred JVPs.
+    """
+
+    max_iterations: int = 20_000  # 003 (Table 4) iterated 2×10⁴ times before calling an orbit bounded
+    tolerance: float = 1e-10  # relative residual ||G(h) - h|| / ||h|| at which h is the fixed point
+    dense_limit: int = 2048
+    krylov_dimension: int = 80  # Arnoldi: the space's dimension ...
+    krylov_cycles: int = 10  # ... rebuilt from the Ritz vector at most this many times ...
+    krylov_tolerance: float = 1e-10  # ... until the error bar is below this, relative to the figure
     thin_margin: float = 0.05  # QL304 below this spectral margin
     divergence: float = 1e8  # ||h|| / ||h_start|| beyond which the orbit counts as diverging
     seed: int = 0
@@ -86,8 +105,13 @@ class LoopProbe:
     carry_rho: Optional[float]  # max |Ā| (1 for a unit carry), None when not computable
     residuals: list[float]  # relative ||G(h) - h|| / ||h|| per probe iteration
     orbit: str  # "settled", "converging", "growing", "bounded orbit" or "diverging" (see :func:`iterate`)
-    rho_spec: Optional[float] = None
+    rho_spec: Optional[float] = None  # of J_G at the final iterate: the fixed point only when it was reached
+    rho_spec_error: Optional[float] = None  # of the decomposition at that iterate; 0.0 on the dense path (exact up to round-off)
     operator_norm: Optional[float] = None
+    operator_norm_error: Optional[float] = None
+    method: str = ""  # "dense" or "arnoldi"
+    jacobian: str = ""  # how J_G was measured, in words
+    verdict: str = ""  # on the margin: thin, sufficient, undecided, not yet at the fixed point, no fixed point reached
     min_spread: Optional[float] = None
     spread_at: str = ""
     findings: list[Finding] = field(default_factory=list)
@@ -98,8 +122,15 @@ class LoopProbe:
         return self.orbit in ("settled", "converging")
 
     @property
+    def fixed_point_reached(self) -> bool:
+        return self.orbit == "settled"
+
+    @property
     def margin(self) -> Optional[float]:
-        return None if self.rho_spec is None else 1 - self.rho_spec
+        """1 - rho_spec at the fixed point; None before it is reached: there is no margin to judge."""
+        if not self.fixed_point_reached or self.rho_spec is None or not math.isfinite(self.rho_spec):
+            return None
+        return 1 - self.rho_spec
 
     @property
     def gap(self) -> Optional[float]:
@@ -115,13 +146,19 @@ class LoopProbe:
             "iterations": self.iterations,
             "carry_rho": _rounded(self.carry_rho),
             "orbit": self.orbit,
+            "fixed_point_reached": self.fixed_point_reached,
             "probe_iterations": len(self.residuals),
             "final_residual": _rounded(self.residuals[-1]) if self.residuals else None,
             "residuals": [_rounded(r) for r in self.residuals],
+            "jacobian_method": self.method or None,
+            "jacobian": self.jacobian,
             "rho_spec": _rounded(self.rho_spec),
+            "rho_spec_error": _rounded(self.rho_spec_error),
             "operator_norm": _rounded(self.operator_norm),
+            "operator_norm_error": _rounded(self.operator_norm_error),
             "non_normality_gap": _rounded(self.gap),
             "spectral_margin": _rounded(self.margin),
+            "margin_verdict": self.verdict,
             "min_token_spread": _rounded(self.min_spread),
             "spread_at": self.spread_at,
             "findings": [finding.to_dict() for finding in self.findings],
@@ -195,10 +232,18 @@ def _carry_rho(loop: Loop, trajectory: Trajectory) -> Optional[float]:
     carry = loop.step.carry
     if carry is None:
         return 1.0 + loop.step.identity
-    value = trajectory.values.get(carry) if isinstance(carry, fx.Node) else torch.tensor(float(carry))
-    if not isinstance(value, torch.Tensor) or value.numel() == 0:
+    value = carry_value(carry, trajectory.values.get)
+    if value is None or value.numel() == 0:
         return None
     return float(value.detach().abs().max()) + loop.step.identity
+
+
+def jacobian_spectrum(loop_map: LoopMap, h: torch.Tensor, settings: LoopSettings) -> tuple[Estimate, Estimate]:
+    """rho_spec(J_G) and ||J_G||_2 at h: exact from the dense Jacobian for a small state, else Arnoldi with error bars."""
+    if h.numel() <= settings.dense_limit:
+        return dense_spectrum(loop_map, h)
+    krylov = {"dimension": settings.krylov_dimension, "cycles": settings.krylov_cycles, "tolerance": settings.krylov_tolerance, "seed": settings.seed}
+    return arnoldi_spectral_radius(loop_map, h, **krylov), lanczos_operator_norm(loop_map, h, **krylov)
 
 
 def probe_loop(analysis: Analysis, trajectory: Trajectory, loop: Loop, settings: LoopSettings = LoopSettings()) -> LoopProbe:
@@ -207,28 +252,57 @@ def probe_loop(analysis: Analysis, trajectory: Trajectory, loop: Loop, settings:
     h, residuals, orbit = iterate(loop_map, settings)
     result = LoopProbe(loop.path, loop.form, loop.iterations, _carry_rho(loop, trajectory), residuals, orbit)
     if orbit != "diverging":
-        result.rho_spec = jvp_power_iteration(loop_map, h, settings.power_iterations, settings.seed)
-        result.operator_norm = operator_norm(loop_map, h, settings.norm_iterations, settings.seed)
+        radius, norm = jacobian_spectrum(loop_map, h, settings)
+        result.rho_spec, result.rho_spec_error = radius.value, radius.error
+        result.operator_norm, result.operator_norm_error = norm.value, norm.error
+        result.method = radius.method
+        result.jacobian = f"exact ({radius.detail})" if radius.method == "dense" else f"Arnoldi: ρ_spec {radius.detail}, ‖J_G‖₂ {norm.detail}"
         result.min_spread, result.spread_at = min_token_spread(loop_map, h, analysis)
+    result.verdict = _verdict(result, settings)
     result.findings = list(_findings(result, loop, settings))
     return result
+
+
+def _verdict(result: LoopProbe, settings: LoopSettings) -> str:
+    """At the fixed point: thin or sufficient when the margin's error bar lies on one side of the threshold, else undecided."""
+    if not result.fixed_point_reached:
+        return "not yet at the fixed point" if result.settles else "no fixed point reached"
+    if result.margin is None:
+        return "not measured"
+    error = result.rho_spec_error or 0.0
+    if result.margin + error < settings.thin_margin:
+        return "thin"
+    return "sufficient" if result.margin - error >= settings.thin_margin else "undecided"
 
 
 def _findings(result: LoopProbe, loop: Loop, settings: LoopSettings) -> Iterable[Finding]:
     source = source_of(loop.step.root)
     where = f"looped recurrence `{result.path}`"
+    last = result.residuals[-1] if result.residuals else math.nan
     if not result.settles:
-        last = result.residuals[-1] if result.residuals else math.nan
         detail = {
             "diverging": "diverges",
             "growing": f"keeps growing (relative residual {last:.2g})",
         }.get(result.orbit, f"stays on a bounded orbit (relative residual {last:.2g})")
         yield rule("QL305").finding(result.path, source, message=f"{where} does not settle after {len(result.residuals)} iterations: it {detail}")
-    elif result.margin is not None and result.margin < settings.thin_margin:
-        pending = "" if result.orbit == "settled" else f", still converging after {len(result.residuals)} iterations"
+    elif not result.fixed_point_reached:
         yield rule("QL304").finding(result.path, source, message=(
-            f"{where}: spectral margin 1 - rho_spec = {result.margin:.3g} < {settings.thin_margin:g} at the fixed point "
-            f"(rho_spec = {result.rho_spec:.4g}, ||J_G||_2 = {result.operator_norm:.4g}{pending})"))
+            f"{where}: not yet at the fixed point after {len(result.residuals)} iterations (relative residual {last:.2g}, "
+            f"still shrinking), so no verdict on the spectral margin; at the last iterate rho_spec = {_plus_minus(result.rho_spec, result.rho_spec_error)}"))
+    elif result.verdict in ("thin", "undecided"):
+        judged = (f"= {result.margin:.3g} < {settings.thin_margin:g}" if result.verdict == "thin" else
+                  f"= {_plus_minus(result.margin, result.rho_spec_error)}, not shown >= {settings.thin_margin:g},")
+        yield rule("QL304").finding(result.path, source, message=(
+            f"{where}: spectral margin 1 - rho_spec {judged} at the fixed point "
+            f"(rho_spec = {_plus_minus(result.rho_spec, result.rho_spec_error)}, "
+            f"||J_G||_2 = {_plus_minus(result.operator_norm, result.operator_norm_error)}; {result.jacobian})"))
+
+
+def _plus_minus(value: Optional[float], error: Optional[float]) -> str:
+    """A figure with its error bar; a dense (exact) one without."""
+    if value is None or not math.isfinite(value):
+        return "—"
+    return f"{value:.7g}" if not error else f"{value:.7g} ± {error:.1g}"
 
 
 def probe_loops(
@@ -256,12 +330,12 @@ def as_json(results: dict[str, list[LoopProbe]]) -> dict[str, Any]:
     return {"models": [{"spec": spec, "loops": [probe.to_dict() for probe in probes]} for spec, probes in results.items()]}
 
 
-def print_loops(results: dict[str, list[LoopProbe]]) -> None:
-    """The rich report: one two-column table per loop, then its findings."""
+def print_loops(results: dict[str, list[LoopProbe]], console: Any = None) -> None:
+    """The rich report: one two-column table per loop (80 columns wide at most), then its findings."""
     from qlint.ci.render import make_console
     from rich.table import Table
 
-    console = make_console()
+    console = console or make_console()
     for spec, probes in results.items():
         for probe in probes:
             table = Table(title=f"{spec}: looped recurrence `{probe.path}` (float64)", show_header=False)
@@ -277,20 +351,31 @@ def print_loops(results: dict[str, list[LoopProbe]]) -> None:
 
 
 def _rows(probe: LoopProbe) -> list[tuple[str, str]]:
+    """(measure, value) pairs, each value short enough for an 80-column table."""
     last = probe.residuals[-1] if probe.residuals else math.nan
     shown = sorted({0, *(len(probe.residuals) * k // 5 for k in range(1, 5)), len(probe.residuals) - 1})
-    trail = " → ".join(f"{probe.residuals[i]:.2g}" for i in shown if i < len(probe.residuals))
+    trail = " → ".join(f"{probe.residuals[i]:.0e}" for i in shown if i < len(probe.residuals))
+    reached = "reached" if probe.fixed_point_reached else "not reached"
+    margin = f"{_fmt(probe.margin)} (spectral margin: {probe.verdict})" if probe.fixed_point_reached else f"{probe.verdict}: no verdict"
     return [
         ("form", f"{probe.form}, {probe.iterations} iterations in the model"),
         ("carry ρ(Ā)", _fmt(probe.carry_rho)),
-        ("orbit", f"{probe.orbit} after {len(probe.residuals)} iterations (relative residual {last:.2g})"),
+        ("orbit", f"{probe.orbit} after {len(probe.residuals)} iterations"),
+        ("fixed point", f"{reached} (relative residual {last:.1e})"),
         ("‖G(h) − h‖ / ‖h‖", trail),
-        ("ρ_spec(J_G)", _fmt(probe.rho_spec)),
-        ("‖J_G‖₂", _fmt(probe.operator_norm)),
+        ("J_G measured", probe.jacobian or "—"),
+        ("ρ_spec(J_G)", _figure(probe.rho_spec, probe.rho_spec_error, probe.method)),
+        ("‖J_G‖₂", _figure(probe.operator_norm, probe.operator_norm_error, probe.method)),
         ("‖J_G‖₂ − ρ_spec", f"{_fmt(probe.gap)} (non-normality)"),
-        ("1 − ρ_spec", f"{_fmt(probe.margin)} (spectral margin)"),
+        ("1 − ρ_spec", margin),
         ("min per-token spread", f"{_fmt(probe.min_spread)} at the {probe.spread_at or 'state'}"),
     ]
+
+
+def _figure(value: Optional[float], error: Optional[float], method: str) -> str:
+    """A Jacobian figure for the table: exact on the dense path, with its error bar on Arnoldi's."""
+    shown = _plus_minus(value, error)
+    return f"{shown} (exact)" if method == "dense" and shown != "—" else shown
 
 
 def _fmt(value: Optional[float]) -> str:

@@ -183,25 +183,188 @@ def operator_norm(fn: Callable[[torch.Tensor], torch.Tensor], x: torch.Tensor, i
     return sigma
 
 
-def jvp_power_iteration(fn: Callable[[torch.Tensor], torch.Tensor], x: torch.Tensor, iters: int = 40, seed: int = 0) -> float:
-    """Spectral radius of grad fn(x) (fn maps a tensor to one of the same shape), JVPs only.
+# --- a Jacobian's spectral radius and norm: dense, or Arnoldi on JVPs -----------------
 
-    Power iteration u <- J u / ||J u||; the growth rates ||J u|| are averaged
-    geometrically over the second half of the iterations, which also converges when
-    the dominant eigenvalues are a complex pair (a rotation).
+
+@dataclass(frozen=True)
+class Estimate:
+    """A spectral quantity of a Jacobian, its error bar, and how it was found.
+
+    ``error`` is 0.0 for a dense decomposition (exact up to float64 round-off); for
+    Arnoldi it is the residual-based estimate its function documents, inf when the
+    iteration did not converge.
+    """
+
+    value: float
+    error: float
+    method: str  # "dense" or "arnoldi"
+    detail: str  # the matrix's size, or the Krylov cycles run
+
+
+def jacobian_matrix(fn: Callable[[torch.Tensor], torch.Tensor], x: torch.Tensor, chunk_entries: int = 1 << 20) -> torch.Tensor:
+    """d fn / d x at x as a dense matrix (n = x.numel() columns): forward-mode AD on the unit vectors.
+
+    The columns go through ``torch.func.vmap`` about ``chunk_entries / n`` at a time (memory
+    grows with the chunk); a function vmap cannot batch (a data-dependent or random op
+    in the graph) is differentiated one column at a time, n JVPs.
     """
     _quiet_jvp_import()
-    u = _unit_random(x, seed)
-    logs = []
-    for _ in range(iters):
-        _, ju = torch.func.jvp(fn, (x,), (u,))
-        rate = log_norm(ju)
-        if rate is None or math.isinf(rate):
-            return math.nan if rate is None else 0.0
-        logs.append(rate)
-        u = ju / math.exp(rate)
-    tail = logs[len(logs) // 2 :]
-    return math.exp(sum(tail) / len(tail))
+    n = x.numel()
+    units = torch.eye(n, dtype=x.dtype, device=x.device).reshape(n, *x.shape)
+
+    def push(tangent: torch.Tensor) -> torch.Tensor:
+        return torch.func.jvp(fn, (x,), (tangent,))[1]
+
+    with torch.no_grad():
+        try:
+            columns = torch.func.vmap(push, chunk_size=max(1, chunk_entries // n))(units)
+        except (RuntimeError, NotImplementedError):
+            columns = torch.stack([push(unit) for unit in units])
+    return columns.reshape(n, -1).T
+
+
+def dense_spectrum(fn: Callable[[torch.Tensor], torch.Tensor], x: torch.Tensor) -> tuple[Estimate, Estimate]:
+    """rho(J) and ||J||_2 of the dense Jacobian by ``torch.linalg.eigvals`` / ``svdvals``: exact up to round-off."""
+    matrix = jacobian_matrix(fn, x)
+    detail = f"dense {matrix.shape[0]}×{matrix.shape[1]}"
+    if not bool(torch.isfinite(matrix).all()):
+        return Estimate(math.nan, math.nan, "dense", detail), Estimate(math.nan, math.nan, "dense", detail)
+    radius = float(torch.linalg.eigvals(matrix).abs().max())
+    return Estimate(radius, 0.0, "dense", detail), Estimate(float(torch.linalg.svdvals(matrix)[0]), 0.0, "dense", detail)
+
+
+def arnoldi(apply: Callable[[torch.Tensor], torch.Tensor], start: torch.Tensor, dimension: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """An orthonormal basis V of the Krylov space of ``apply`` from ``start``, and the Hessenberg H.
+
+    H has shape (k+1, k), k <= dimension, and ``apply(V[:, :k]) = V[:, :k] H[:k] + H[k, k-1]
+    v e_k^T`` with v the next basis vector. Modified Gram-Schmidt, run twice per vector
+    (once loses orthogonality as the space nearly closes). It stops early when the new
+    direction vanishes against ||apply(v)||: the space is then invariant, H[k, k-1] is
+    round-off and H[:k]'s eigenvalues are the operator's.
+    """
+    basis = start.new_zeros(start.numel(), dimension + 1)
+    hessenberg = start.new_zeros(dimension + 1, dimension)
+    basis[:, 0] = start / start.norm()
+    for j in range(dimension):
+        w = apply(basis[:, j])
+        size = w.norm()
+        for _ in range(2):
+            for i in range(j + 1):
+                overlap = basis[:, i] @ w
+                hessenberg[i, j] += overlap
+                w = w - overlap * basis[:, i]
+        hessenberg[j + 1, j] = w.norm()
+        if not hessenberg[j + 1, j] > 1e-12 * size:
+            return basis[:, : j + 1], hessenberg[: j + 2, : j + 1]
+        basis[:, j + 1] = w / hessenberg[j + 1, j]
+    return basis, hessenberg
+
+
+def _real_direction(z: torch.Tensor) -> torch.Tensor:
+    """A real vector in the span of a complex vector and its conjugate (a restart for real Arnoldi)."""
+    peak = z[z.abs().argmax()]
+    return (z * peak.conj() / peak.abs()).real
+
+
+def _round_off(square: torch.Tensor) -> float:
+    """The backward error of a k×k eigensolver, k eps ||H||_F: the floor under any residual."""
+    return square.shape[0] * torch.finfo(square.dtype).eps * float(torch.linalg.matrix_norm(square))
+
+
+def _dominant_ritz(hessenberg: torch.Tensor) -> tuple[float, torch.Tensor, float]:
+    """|theta| for H's largest-modulus eigenvalue theta, its unit eigenvector, and the error estimate kappa (residual + round-off)."""
+    k = hessenberg.shape[1]
+    square = hessenberg[:k, :k]
+    values, vectors = torch.linalg.eig(square)
+    index = int(values.abs().argmax())
+    y = vectors[:, index]
+    residual = float(hessenberg[k, k - 1].abs() * y[k - 1].abs())
+    try:  # rows of V^-1 are the left eigenvectors w with w^T y = 1, so kappa = ||w|| ||y|| = ||w||
+        condition = float(torch.linalg.inv(vectors)[index].norm())
+    except RuntimeError:  # a defective H: no first-order bound
+        condition = math.inf
+    return float(values[index].abs()), y, condition * (residual + _round_off(square))
+
+
+def _top_singular_ritz(hessenberg: torch.Tensor) -> tuple[float, torch.Tensor, float]:
+    """sqrt(theta) for the top eigenvalue theta of H from J^T J (symmetric up to round-off), its eigenvector, and its error bar."""
+    k = hessenberg.shape[1]
+    square = (hessenberg[:k, :k] + hessenberg[:k, :k].T) / 2
+    values, vectors = torch.linalg.eigh(square)
+    sigma = math.sqrt(max(float(values[-1]), 0.0))
+    residual = float(hessenberg[k, k - 1].abs() * vectors[k - 1, -1].abs()) + _round_off(square)
+    return sigma, vectors[:, -1], residual / sigma if sigma > 0 else math.sqrt(residual)
+
+
+def _restarted_arnoldi(
+    apply: Callable[[torch.Tensor], torch.Tensor],
+    start: torch.Tensor,
+    ritz: Callable[[torch.Tensor], tuple[float, torch.Tensor, float]],
+    *,
+    dimension: int,
+    cycles: int,
+    tolerance: float,
+    products: str,
+) -> Estimate:
+    """Arnoldi spaces rebuilt from the Ritz vector until ``ritz``'s error bar is below ``tolerance`` (relative).
+
+    When the cycles run out first, the figure is the last Ritz value, "not converged",
+    with an infinite error bar: far from normal, a Ritz value wanders by more than its
+    residual says, so a residual that has not come down bounds nothing.
+    """
+    with torch.no_grad():
+        for cycle in range(1, cycles + 1):
+            basis, hessenberg = arnoldi(apply, start, min(dimension, start.numel()))
+            k = hessenberg.shape[1]
+            if not bool(torch.isfinite(hessenberg).all()):
+                return Estimate(math.nan, math.nan, "arnoldi", f"{cycle}×{k} {products}, not finite")
+            value, vector, error = ritz(hessenberg)
+            if error <= tolerance * value:
+                return Estimate(value, error, "arnoldi", f"{cycle}×{k} {products}")
+            start = _real_direction(basis[:, :k].to(vector.dtype) @ vector)
+    return Estimate(value, math.inf, "arnoldi", f"{cycles}×{k} {products}, not converged")
+
+
+def arnoldi_spectral_radius(
+    fn: Callable[[torch.Tensor], torch.Tensor], x: torch.Tensor, *, dimension: int = 80, cycles: int = 10, tolerance: float = 1e-10, seed: int = 0
+) -> Estimate:
+    """rho(grad fn(x)) from JVPs: the largest modulus |theta| of the Ritz values of an Arnoldi space.
+
+    The error bar is kappa * ||J x - theta x|| (plus the eigensolver's round-off): theta is
+    an exact eigenvalue of a matrix within the Ritz residual of J, and kappa (theta's
+    condition number in H) turns that into the first-order bound on |lambda - theta|, so
+    on ||lambda| - |theta|| too. An estimate, not a certificate: it fails where J is so
+    far from normal that the eigenvalue itself is ill-posed (kappa in H under-reads
+    kappa in J), and an eigenvalue the Krylov space never saw is missed.
+    """
+    _quiet_jvp_import()
+
+    def apply(v: torch.Tensor) -> torch.Tensor:
+        return torch.func.jvp(fn, (x,), (v.reshape(x.shape),))[1].reshape(-1)
+
+    start = _unit_random(x, seed).reshape(-1)
+    return _restarted_arnoldi(apply, start, _dominant_ritz, dimension=dimension, cycles=cycles, tolerance=tolerance, products="JVPs")
+
+
+def lanczos_operator_norm(
+    fn: Callable[[torch.Tensor], torch.Tensor], x: torch.Tensor, *, dimension: int = 80, cycles: int = 10, tolerance: float = 1e-10, seed: int = 0
+) -> Estimate:
+    """||grad fn(x)||_2 from JVPs and VJPs: Arnoldi on J^T J, which is Lanczos with full reorthogonalization.
+
+    theta, the top Ritz value of the symmetric J^T J, is at most sigma_max^2, and some
+    eigenvalue sigma^2 lies within the residual r (plus the eigensolver's round-off) of
+    it, so |sigma - sqrt(theta)| <= r / sqrt(theta): the error bar (it assumes that
+    eigenvalue is the top one).
+    """
+    _quiet_jvp_import()
+    _, pullback = torch.func.vjp(fn, x)
+
+    def apply(v: torch.Tensor) -> torch.Tensor:
+        pushed = torch.func.jvp(fn, (x,), (v.reshape(x.shape),))[1]
+        return pullback(pushed)[0].reshape(-1)
+
+    start = _unit_random(x, seed).reshape(-1)
+    return _restarted_arnoldi(apply, start, _top_singular_ritz, dimension=dimension, cycles=cycles, tolerance=tolerance, products="JVP+VJPs")
 
 
 # --- the measured exponent ------------------------------------------------------------
@@ -677,6 +840,8 @@ class ModelProbe:
     init: probe_init.InitDiagnostics
     seconds: float
     graph_mismatches: list[str] = field(default_factory=list)  # where the traced graph is not the eager model
+    analysis: Optional[Analysis] = field(default=None, repr=False)  # the float64 analysis the figures were measured on
+    trajectory: Optional[Trajectory] = field(default=None, repr=False)  # its forward pass on the example inputs
 
     @property
     def violations(self) -> list[BlockProbe]:
@@ -762,7 +927,7 @@ def probe_model(
         on_block(index + 1, len(blocks), block.name)
     bounds = _bounds(analysis, trajectory, blocks)
     init = probe_init.diagnose(analysis, settings.seed)
-    result = ModelProbe(analysis.report, blocks, bounds, init, time.perf_counter() - start, context.mismatches)
+    result = ModelProbe(analysis.report, blocks, bounds, init, time.perf_counter() - start, context.mismatches, analysis, trajectory)
     _attach(result)
     return result
 

@@ -9,6 +9,11 @@ with the prelude's encoding e re-injected at every iteration (003, eq. 1):
     constrained  Ā = exp(-Δ·exp(log_A)) ∈ (0, 1) per channel (Parcae, Δ = 1)
     free         Ā is a raw parameter: gradient descent can drive it past 1 (003 Table 6)
     unit         no carry factor: the plain weight-shared residual h_{t+1} = h_t + f(h_t, e)
+    clamped      Ā = clamp(A, 0, 0.99): in [0, 0.99] whatever A is
+    forget       Ā = 1 - sigmoid(b), the forget-gate spelling: in (0, 1)
+    buffer       Ā is a buffer (not trained): a constant, fine when its value is in [0, 1)
+    frozen       Ā is a parameter with requires_grad=False: a constant too
+    tanh         Ā = tanh(a): |Ā| < 1, but negative entries are allowed
 
 ``increment="identity"`` makes f the whole block output Block(h + e), which
 contains h: the recurrence then carries (Ā + I) ⊙ h, diagonal entries above 1.
@@ -23,7 +28,7 @@ from qlint.zoo.transformer import CausalSelfAttention
 
 __all__ = ["PreLNIncrement", "Carry", "LoopedTransformer", "CARRIES", "INCREMENTS"]
 
-CARRIES = ("constrained", "free", "unit")
+CARRIES = ("constrained", "free", "unit", "clamped", "forget", "buffer", "frozen", "tanh")
 INCREMENTS = ("delta", "identity")
 
 
@@ -52,12 +57,24 @@ class Carry(nn.Module):
         self.kind = kind
         if kind == "constrained":
             self.log_A = nn.Parameter(torch.full((d_model,), math.log(-math.log(rho))))
+        elif kind == "forget":
+            self.b = nn.Parameter(torch.full((d_model,), math.log((1 - rho) / rho)))  # 1 - sigmoid(b) = rho
+        elif kind == "tanh":
+            self.a = nn.Parameter(torch.full((d_model,), math.atanh(rho)))
+        elif kind == "buffer":
+            self.register_buffer("A", torch.full((d_model,), rho))
         else:
-            self.A = nn.Parameter(torch.full((d_model,), rho))
+            self.A = nn.Parameter(torch.full((d_model,), rho), requires_grad=kind != "frozen")
 
     def forward(self) -> torch.Tensor:
         if self.kind == "constrained":
             return torch.exp(-torch.exp(self.log_A))
+        if self.kind == "clamped":
+            return torch.clamp(self.A, 0.0, 0.99)
+        if self.kind == "forget":
+            return 1 - torch.sigmoid(self.b)
+        if self.kind == "tanh":
+            return torch.tanh(self.a)
         return self.A
 
 
