@@ -1,17 +1,33 @@
-"""QL202-QL205: norm placement, branch scaling and BatchNorm in eval mode (source 001, Parts IV-V)."""
+"""QL202-QL206: norm placement, branch scaling, DeepNorm and BatchNorm in eval mode (source 001, Parts IV-V)."""
 
 import math
+from functools import lru_cache
 
 import pytest
+import torch
+from torch import nn
 
+from conftest import FIXTURES, load_module
 from qlint.analysis import Options, load_model, run
-from qlint.lint.placement import branch_scale
+from qlint.lint.branch_scale import branch_scales
+from qlint.lint.placement import ALPHA_TOLERANCE, BETA_TOLERANCE, deepnorm
+from qlint.probe.init import diagnose
 
 TRACERS = ["symbolic_trace", "export"]
 
 
 def findings(report, code):
     return [f for f in report.findings if f.code == code]
+
+
+@lru_cache(maxsize=None)
+def analysed(name):
+    loaded = load_model(f"{FIXTURES / 'placement.py'}:{name}", Options())
+    return run(loaded.model, loaded.inputs, spec=name, options=Options())
+
+
+def codes(analysis):
+    return {f.code for f in analysis.report.findings}
 
 
 @pytest.mark.parametrize("tracer", TRACERS)
@@ -66,7 +82,10 @@ def test_deep_unscaled_stack_warns(lint, tracer):
     assert len(report.blocks) == 8
     [finding] = findings(report, "QL204")
     assert finding.block == "layers"
-    assert "8 of 8 branches enter the stream unscaled (relative scale > 2/sqrt(8) = 0.71; first: `layers.0`)" in finding.message
+    assert finding.message == (
+        "deep residual stack `layers`: 8 of 8 branches enter the stream unscaled (scale next to the model's own layers "
+        "> 8^-1/4 = 0.59, halfway in log scale to 1/sqrt(8) = 0.35; first: `layers.0` at 0.99); "
+        "use 1/sqrt(2L) init, LayerScale or DeepNorm")
 
 
 @pytest.mark.parametrize("tracer", TRACERS)
@@ -85,11 +104,170 @@ def test_shallow_stacks_are_not_checked(lint):
     [("deep_unscaled", 1.0), ("deep_layer_scale", 0.1), ("deep_scaled_init", 1 / math.sqrt(8))],
 )
 def test_branch_scale_measures_multiplier_times_relative_gain(name, expected):
-    loaded = load_model(f"fixtures/placement.py:{name}", Options())
-    analysis = run(loaded.model, loaded.inputs, spec=name, options=Options())
-    scales = [branch_scale(b.terms[0].entry, analysis) for b in analysis.stream.blocks]
-    # default init: std(W) sqrt(fan_in) = 1/sqrt(3) up to sampling error of a 16 x 64 matrix
-    assert all(abs(scale / expected - 1) < 0.1 for scale in scales), scales
+    scales = branch_scales(analysed(name))
+    # default init everywhere: the head (the one layer off the value paths) has the branches' gain 1/sqrt(3)
+    assert [s.projection for s in scales] == [f"layers.{i}.mlp.2" for i in range(8)]
+    assert all(abs(s.relative_std / expected - 1) < 0.1 for s in scales), scales
+    assert all(s.multiplier == pytest.approx(0.1 if name == "deep_layer_scale" else 1.0) for s in scales)
+    assert all(s.expected == pytest.approx(1 / math.sqrt(8)) and s.scaled == (name != "deep_unscaled") for s in scales)
+    assert all(s.limit == pytest.approx(8**-0.25) and not s.fixed_std for s in scales)  # one fan_in: a fan-in init
+
+
+# --- GPT-2's init: QL204 and the init diagnostics are one measurement ----------------------
+
+
+@pytest.mark.parametrize("name,expected", [("gpt2_scaled", 1 / math.sqrt(24)), ("gpt2_unscaled", 1.0)])
+def test_gpt2_branches_measured_against_q_and_k(name, expected):
+    # std 0.02 everywhere: the reference is q_proj / k_proj at 0.02 sqrt(32). The MLP's projection reads 4d = 128
+    # inputs at the attention projection's std: a fixed-std init, whose base gain for 128 inputs is 0.02 sqrt(128)
+    scales = branch_scales(analysed(name))
+    assert [s.block for s in scales[:2]] == ["h.0:attn", "h.0:mlp"] and len(scales) == 24
+    assert [s.projection for s in scales[:2]] == ["h.0.attn.out_proj", "h.0.mlp.2"]
+    assert all(s.relative_std == pytest.approx(expected, rel=0.06) and s.fixed_std for s in scales), scales
+    assert all(s.limit == pytest.approx(24**-0.25) for s in scales)
+    assert {s.scaled for s in scales} == {name == "gpt2_scaled"}
+
+
+@pytest.mark.parametrize("n_layers", [4, 6])
+def test_shallow_gpt2_init_keeps_its_mlp_branches_scaled(n_layers):
+    # measured against a fan-in base, the MLP's 2/sqrt(2L) would exceed (2L)^-1/4 below 8 layers (nanoGPT's 6)
+    fixtures = load_module(FIXTURES / "placement.py", "placement_fixtures")
+    for scaled in (True, False):
+        analysis = run(*fixtures.gpt2(scaled, n_layers=n_layers), spec="gpt2", options=Options())
+        mlp = [s for s in branch_scales(analysis) if s.block.endswith("mlp")]
+        assert all(s.relative_std == pytest.approx(1 / math.sqrt(2 * n_layers) if scaled else 1.0, rel=0.06) for s in mlp)
+        assert all(s.scaled is scaled for s in mlp)
+        assert bool(findings(analysis.report, "QL204")) is not scaled
+
+
+def test_kaiming_branches_read_as_a_fan_in_init():
+    # W1 kaiming (gain sqrt 2, the reference), W2 at gain 1: 1/sqrt(2), unscaled for 8 blocks (> 0.59); with
+    # every projection at one fan_in nothing says the init is a fixed std, under which this would be 1/sqrt(8)
+    torch.manual_seed(0)
+    model = nn.Sequential(*(ReluBlock(16) for _ in range(8)))
+    analysis = run(model, (torch.randn(2, 8, 16),), spec="kaiming", options=Options())
+    scales = branch_scales(analysis)
+    assert all(s.relative_std == pytest.approx(1 / math.sqrt(2), rel=0.1) and not s.fixed_std and not s.scaled for s in scales)
+    assert len(findings(analysis.report, "QL204")) == 1
+
+
+class ReluBlock(nn.Module):
+    def __init__(self, d):
+        super().__init__()
+        self.w1, self.w2 = nn.Linear(d, 4 * d), nn.Linear(4 * d, d)
+        nn.init.kaiming_normal_(self.w1.weight, nonlinearity="relu")
+        nn.init.normal_(self.w2.weight, std=1 / math.sqrt(4 * d))
+
+    def forward(self, x):
+        return x + self.w2(torch.relu(self.w1(x)))
+
+
+@pytest.mark.parametrize("name", ["gpt2_scaled", "gpt2_unscaled", "deepnorm", "deep_unscaled", "deep_layer_scale"])
+def test_ql204_and_the_init_diagnostics_agree_per_block(name):
+    analysis = analysed(name)
+    branches = diagnose(analysis, seed=0).branches
+    assert [b.block for b in branches] == [b.name for b in analysis.stream.blocks]
+    unscaled = [b for b in branches if b.scaled is False]
+    found = findings(analysis.report, "QL204")
+    assert bool(found) == bool(unscaled)
+    if found:
+        assert f"{len(unscaled)} of {len(branches)} branches" in found[0].message
+        assert f"first: `{unscaled[0].block}` at {unscaled[0].relative_std:.2f})" in found[0].message
+
+
+def test_gpt2_unscaled_warns_at_small_width():
+    [finding] = findings(analysed("gpt2_unscaled").report, "QL204")
+    assert finding.block == "h"
+    assert "24 of 24 branches enter the stream unscaled (scale next to the model's own layers > 24^-1/4 = 0.45, " \
+           "halfway in log scale to 1/sqrt(24) = 0.20; first: `h.0:attn` at 0.99)" in finding.message
+    assert findings(analysed("gpt2_scaled").report, "QL204") == []
+
+
+@pytest.mark.parametrize("scaled", [True, False])
+def test_hf_gpt2_conv1d_with_fused_qkv(scaled):
+    # HF's own init (c_proj at 0.02 / sqrt(2 n_layer)); every Conv1D lies on a value path (c_attn carries V),
+    # so c_attn and c_fc are the reference; the two c_proj share one std: a fixed-std init
+    transformers = pytest.importorskip("transformers")
+    torch.manual_seed(0)
+    config = transformers.GPT2Config(vocab_size=64, n_positions=16, n_embd=32, n_layer=12, n_head=4, bos_token_id=0, eos_token_id=1)
+    model = transformers.GPT2Model(config).eval()
+    if not scaled:
+        for block in model.h:
+            for projection in (block.attn.c_proj, block.mlp.c_proj):
+                torch.nn.init.normal_(projection.weight, std=0.02)
+    analysis = run(model, (torch.randint(0, 64, (1, 8)),), spec="hf-gpt2", options=Options())
+    scales = branch_scales(analysis)
+    assert [s.projection for s in scales[:2]] == ["h.0.attn.c_proj", "h.0.mlp.c_proj"]
+    expected = 1 / math.sqrt(24) if scaled else 1.0
+    assert all(s.relative_std == pytest.approx(expected, rel=0.06) and s.fixed_std for s in scales), scales
+    assert bool(findings(analysis.report, "QL204")) is not scaled
+    assert [b.scaled for b in diagnose(analysis, seed=0).branches] == [s.scaled for s in scales]
+
+
+# --- DeepNorm: QL202's remedy recognised, its constants checked (QL206) --------------------
+
+
+def test_deepnorm_with_deepnets_constants_is_recognised():
+    analysis = analysed("deepnorm")
+    found = deepnorm(analysis)
+    assert found.sublayers == 12 and found.alpha == pytest.approx(12**0.25)
+    assert found.alpha_expected == pytest.approx(1.861, abs=1e-3) and found.beta_expected == pytest.approx(0.380, abs=1e-3)
+    # xavier at gain beta: std sqrt(fan_in) = beta for the square out_proj, sqrt(8/5) beta for the FFN's 4d -> d
+    scales = {s.block: s.relative_std for s in branch_scales(analysis)}
+    beta = found.beta_expected
+    assert all(scales[f"layers.{i}:attn"] == pytest.approx(beta, rel=0.1) for i in range(6))
+    assert all(scales[f"layers.{i}:mlp"] == pytest.approx(math.sqrt(8 / 5) * beta, rel=0.1) for i in range(6))
+    assert found.beta == pytest.approx(0.428, abs=0.01) and found.correct
+    assert not codes(analysis) & {"QL202", "QL204", "QL206"}
+
+
+@pytest.mark.parametrize(
+    "name,message",
+    [
+        ("deepnorm_without_beta", "found alpha = 1.86 and beta = 1.13"),
+        ("deepnorm_wrong_alpha", "found alpha = 4 and beta = 0.43"),
+        ("post_ln_alpha2", "found alpha = 2 and beta = 0.97"),
+    ],
+)
+def test_deepnorm_with_wrong_constants_names_them(name, message):
+    analysis = analysed(name)
+    [finding] = findings(analysis.report, "QL206")
+    assert finding.severity == "warning" and finding.block == "layers"
+    assert finding.message == (
+        "DeepNorm stack `layers` of 12 sublayers (N = 6 layers): expected alpha = (2N)^1/4 = 1.86 and "
+        f"branch init beta = (8N)^-1/4 = 0.38, {message}")
+    assert findings(analysis.report, "QL202") == []  # the stack is DeepNorm's, reported once
+
+
+def test_which_constant_is_off():
+    # LN(2x + f(x)): alpha = 2 is within 10% of 12^1/4 = 1.86 (ln 1.075 = 0.072); beta is missing
+    found = deepnorm(analysed("post_ln_alpha2"))
+    assert abs(math.log(found.alpha / found.alpha_expected)) < ALPHA_TOLERANCE
+    assert abs(math.log(found.beta / found.beta_expected)) > 2.5 * BETA_TOLERANCE
+    wrong_alpha = deepnorm(analysed("deepnorm_wrong_alpha"))
+    assert abs(math.log(wrong_alpha.beta / wrong_alpha.beta_expected)) < BETA_TOLERANCE and not wrong_alpha.correct
+    assert findings(analysed("deepnorm_wrong_alpha").report, "QL204") == []  # its branches are scaled
+    [unscaled] = findings(analysed("deepnorm_without_beta").report, "QL204")
+    assert "12 of 12 branches" in unscaled.message
+
+
+def test_plain_post_ln_is_not_deepnorm(lint):
+    assert deepnorm(analysed("post_ln")) is None
+    report = lint("placement.py:post_ln")
+    assert findings(report, "QL206") == [] and len(findings(report, "QL202")) == 1
+
+
+def test_weights_on_meta_are_not_judged():
+    fixtures = load_module(FIXTURES / "placement.py", "placement_fixtures")
+    with torch.device("meta"):
+        stack, encoder = fixtures.Stack(8, "pre", final_norm=True), fixtures.DeepNormEncoder(6, 4.0, 1.0)
+        inputs = (torch.randn(2, 8, 16),)
+    stack_analysis = run(stack, inputs, spec="meta-stack", options=Options())
+    assert [s.relative_std for s in branch_scales(stack_analysis)] == [None] * 8
+    assert findings(stack_analysis.report, "QL204") == []
+    # alpha is a number in the code; beta needs the weights
+    [finding] = findings(run(encoder, inputs, spec="meta-deepnorm", options=Options()).report, "QL206")
+    assert finding.message.endswith("found alpha = 4 and beta = unknown (weights not readable)")
 
 
 @pytest.mark.parametrize("tracer", TRACERS)

@@ -1,12 +1,11 @@
-"""QL202-QL205: where the norms and branch scales sit in the stack (source 001, Parts III-V)."""
+"""QL202-QL206: where the norms and branch scales sit in the stack (source 001, Parts III-V)."""
 
 from __future__ import annotations
 
 import math
+import statistics
+from dataclasses import dataclass
 from typing import Iterable, Optional
-
-import torch
-import torch.fx as fx
 
 from qlint.core.algebra import format_q
 from qlint.core.blocks import Block as StreamBlock
@@ -14,22 +13,86 @@ from qlint.core.engine import Analysis, source_of
 from qlint.core.graph import module_path
 from qlint.core.propagate import leading
 from qlint.core.results import Finding
+from qlint.lint.branch_scale import branch_scales
 from qlint.lint.rule import checker, rule
-from qlint.lint.graph_queries import argument, common_path, constant_value, family, is_normalizer, normalised_input, op, uses_running_stats
+from qlint.lint.graph_queries import common_path, is_normalizer, normalised_input, uses_running_stats
 
 DEEP_STACK = 8  # residual blocks (branches) from which an unscaled stack is reported
 
 
-# --- QL202 ------------------------------------------------------------------------------------
+# --- QL202, QL206 ------------------------------------------------------------------------------
+
+ALPHA_TOLERANCE = 0.1  # |ln(found / expected)|: alpha is a number written in the code
+BETA_TOLERANCE = math.log(1.25)  # beta is measured on random weights next to a base init that varies by layer
+
+
+@dataclass(frozen=True)
+class DeepNorm:
+    """A Post-LN stack LN(alpha·x + f(x)) with alpha > 1 against DeepNet's constants (source 001, Part V).
+
+    N is DeepNet's layer count for an encoder-only (or decoder-only) stack: each layer is
+    two sublayers (attention and FFN), each a Post-LN block here, so 2N is the number of
+    blocks; alpha = (2N)^(1/4) and the branches' init beta = (8N)^(-1/4). beta is read as
+    the branches' scale next to the model's unscaled layers (:mod:`qlint.lint.branch_scale`).
+    """
+
+    sublayers: int  # 2N
+    alpha: float  # the skip coefficient (median over the stack)
+    beta: Optional[float]  # the branches' relative scale (median); None when the weights cannot be read
+
+    @property
+    def alpha_expected(self) -> float:
+        return self.sublayers ** 0.25
+
+    @property
+    def beta_expected(self) -> float:
+        return (4 * self.sublayers) ** -0.25
+
+    @property
+    def correct(self) -> bool:
+        """alpha, and beta where the weights can be read, within their tolerances in log scale."""
+        alpha_ok = abs(math.log(self.alpha / self.alpha_expected)) <= ALPHA_TOLERANCE
+        beta_ok = self.beta is None or (self.beta > 0 and abs(math.log(self.beta / self.beta_expected)) <= BETA_TOLERANCE)
+        return alpha_ok and beta_ok
+
+
+def _post_ln(analysis: Analysis) -> tuple[list[StreamBlock], str]:
+    """The Post-LN blocks LN(X + f(X)) and the module path they share."""
+    post = [b for b in analysis.stream.blocks if b.post == "post-norm"]
+    return post, common_path([module_path(b.join) for b in post]) or type(analysis.model).__name__
+
+
+def deepnorm(analysis: Analysis) -> Optional[DeepNorm]:
+    """The Post-LN stack read as DeepNorm: two or more post-norm blocks, each with a constant
+    skip coefficient alpha > 1 (a learned or unit alpha is plain Post-LN); None otherwise."""
+    post, _ = _post_ln(analysis)
+    alphas = [b.skip.coefficient for b in post]
+    if len(post) < 2 or any(a is None or a <= 1 for a in alphas):
+        return None
+    names = {b.name for b in post}
+    betas = [s.relative_std for s in branch_scales(analysis) if s.block in names]
+    beta = statistics.median(betas) if None not in betas else None
+    return DeepNorm(len(post), statistics.median(alphas), beta)
 
 
 @checker("QL202")
 def post_ln_stack(analysis: Analysis) -> Iterable[Finding]:
-    post = [b for b in analysis.stream.blocks if b.post == "post-norm"]
-    if len(post) < 2:
-        return
-    stack = common_path([module_path(b.join) for b in post]) or type(analysis.model).__name__
+    post, stack = _post_ln(analysis)
+    if len(post) < 2 or deepnorm(analysis) is not None:
+        return  # a DeepNorm stack is QL206's
     yield rule("QL202").finding(stack, source_of(post[0].join), stack=stack, count=len(post))
+
+
+@checker("QL206")
+def deepnorm_constants(analysis: Analysis) -> Iterable[Finding]:
+    found = deepnorm(analysis)
+    if found is None or found.correct:
+        return
+    post, stack = _post_ln(analysis)
+    beta = "unknown (weights not readable)" if found.beta is None else f"{found.beta:.2f}"
+    yield rule("QL206").finding(stack, source_of(post[0].join), stack=stack, count=found.sublayers, layers=f"{found.sublayers / 2:g}",
+                                alpha=f"{found.alpha:.3g}", alpha_expected=f"{found.alpha_expected:.3g}",
+                                beta=beta, beta_expected=f"{found.beta_expected:.2f}")
 
 
 # --- QL203 ------------------------------------------------------------------------------------
@@ -67,66 +130,20 @@ def missing_final_norm(analysis: Analysis) -> Iterable[Finding]:
 
 # --- QL204 ------------------------------------------------------------------------------------
 
-_DEFAULT_GAIN = 1 / math.sqrt(3)  # std(W)·sqrt(fan_in) of nn.Linear / nn.ConvNd's default init
-
-
-def branch_scale(term: fx.Node, analysis: Analysis) -> float:
-    """How much smaller than a default-initialised branch this velocity term enters the stream.
-
-    The product of the constant or parameter factors at the branch's end (LayerScale,
-    ReZero) and of its last projection's gain relative to the default init.
-    """
-    data = analysis.graph.data
-    scale, node = 1.0, term
-    while True:
-        kind = op(node)
-        if "carrier" in family(node) and isinstance(argument(node, "input"), fx.Node):
-            node = argument(node, "input")
-            continue
-        if kind in ("mul", "div"):
-            a, b = argument(node, "input"), argument(node, "other")
-            dependent = [x for x in (a, b) if isinstance(x, fx.Node) and x in data]
-            if len(dependent) == 1:
-                data_first = a is dependent[0]
-                value = constant_value(b if data_first else a, analysis)
-                if value is None or value.numel() == 0 or (kind == "div" and not data_first):
-                    return scale
-                magnitude = value.abs()
-                scale *= float(magnitude.max()) if kind == "mul" else 1 / max(float(magnitude.min()), 1e-30)
-                node = dependent[0]
-                continue
-        weight = _projection_weight(node, analysis)
-        if weight is not None:
-            fan_in = weight[0].numel() if weight.shape[0] else 1
-            gain = float(weight.float().std()) * math.sqrt(fan_in) if weight.numel() > 1 else float(weight.abs().max())
-            return scale * gain / _DEFAULT_GAIN
-        return scale
-
-
-def _projection_weight(node: fx.Node, analysis: Analysis) -> Optional[torch.Tensor]:
-    kind = op(node)
-    if kind == "addmm":  # x @ W + b with W (fan_in, fan_out): HF's Conv1D
-        weight = constant_value(argument(node, "mat2"), analysis)
-        return weight.t() if weight is not None and weight.dim() == 2 else None
-    if kind in ("linear", "convolution"):
-        return constant_value(argument(node, "weight"), analysis)
-    return None
-
 
 @checker("QL204")
 def unscaled_deep_residual(analysis: Analysis) -> Iterable[Finding]:
     blocks = analysis.stream.blocks
     if len(blocks) < DEEP_STACK:
         return
-    if any(p.is_meta for p in analysis.module.parameters()):
-        return  # built on meta: the initialisation has no values to inspect
-    limit = 2 / math.sqrt(len(blocks))
-    unscaled = [b for b in blocks if max((branch_scale(t.entry or t.node, analysis) for t in b.terms), default=0.0) > limit]
+    unscaled = [s for s in branch_scales(analysis) if s.scaled is False]
     if not unscaled:
         return
+    first = unscaled[0]
     stack = common_path([module_path(b.join) for b in blocks]) or type(analysis.model).__name__
-    yield rule("QL204").finding(stack, source_of(unscaled[0].join), stack=stack, unscaled=len(unscaled), count=len(blocks),
-                                limit=f"{limit:.2f}", first=unscaled[0].name)
+    yield rule("QL204").finding(stack, source_of(analysis.block(first.block).join), stack=stack, unscaled=len(unscaled), count=len(blocks),
+                                limit=f"{first.limit:.2f}", expected=f"{first.expected:.2f}", first=first.block,
+                                scale=f"{first.relative_std:.2f}")
 
 
 # --- QL205 ------------------------------------------------------------------------------------

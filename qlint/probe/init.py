@@ -8,14 +8,14 @@
   nonlinearity that follows, from ``torch.nn.init.calculate_gain`` (or 1/E[phi(z)^2]
   under a unit Gaussian for GELU and SiLU, which it does not list); their ratio is
   the layer's variance gain at init, 1 at criticality.
-* Per residual branch: whether its output projection is scaled like 1/sqrt(2L)
-  relative to the other layers (Part V; 2L is the number of residual branches).
+* Per residual branch: whether it enters the stream scaled like 1/sqrt(2L) next to the
+  model's own layers (Part V; 2L is the number of residual branches), by the measure
+  QL204 uses, :mod:`qlint.lint.branch_scale`.
 """
 
 from __future__ import annotations
 
 import math
-import statistics
 from dataclasses import asdict, dataclass, field
 from typing import Any, Optional
 
@@ -26,6 +26,7 @@ from torch.utils import _pytree as pytree
 
 from qlint.core.ops import op_name
 from qlint.core.graph import facts, module_path
+from qlint.lint.branch_scale import BranchScale, branch_scales
 
 GROWTH_BAND = (0.5, 2.0)  # one block multiplying an RMS by more (or less) is flagged
 
@@ -81,23 +82,6 @@ class LayerGain:
 
 
 @dataclass
-class BranchScale:
-    """A residual branch's output projection against the 1/sqrt(2L) convention."""
-
-    block: str
-    projection: str
-    relative_std: Optional[float]  # sigma*sqrt(n_in) over the median of the other layers
-    expected: float  # 1/sqrt(2L)
-
-    @property
-    def scaled(self) -> Optional[bool]:
-        """Closer (in log scale) to 1/sqrt(2L) than to the other layers' scale."""
-        if self.relative_std is None:
-            return None
-        return abs(math.log(self.relative_std / self.expected)) <= abs(math.log(self.relative_std))
-
-
-@dataclass
 class InitDiagnostics:
     stack: list[StackLayer] = field(default_factory=list)
     gains: list[LayerGain] = field(default_factory=list)
@@ -123,7 +107,7 @@ def diagnose(analysis: Any, seed: int) -> InitDiagnostics:
     diagnostics.stack = _stack(analysis, seed)
     layers = _layer_nodes(analysis.traced.module, analysis.model)
     diagnostics.gains = [_gain(name, module, layers.get(name)) for name, module in analysis.model.named_modules() if isinstance(module, _LAYER_TYPES)]
-    diagnostics.branches = _branches(analysis, layers)
+    diagnostics.branches = branch_scales(analysis)
     diagnostics.flags = _flags(diagnostics.stack)
     return diagnostics
 
@@ -243,46 +227,3 @@ def _gain(name: str, module: torch.nn.Module, node: Optional[fx.Node]) -> LayerG
     activation, slope = _nonlinearity(node)
     gain, source = nonlinearity_gain(activation, slope)
     return LayerGain(name, weight[0].numel(), float(weight.double().var()), activation, gain, source)
-
-
-# --- residual branch scaling ----------------------------------------------------------
-
-
-def _branches(analysis: Any, layers: dict[str, fx.Node]) -> list[BranchScale]:
-    """The output projection of each residual branch: the last weight layer before its terms."""
-    by_node = {node: path for path, node in layers.items()}
-    projections = {rb.name: _output_projection(rb, by_node) for rb in analysis.stream.blocks}
-    modules = dict(analysis.model.named_modules())
-    scale = {path: _fan_in_std(modules[path]) for path in layers}
-    others = [s for path, s in scale.items() if path not in projections.values()]
-    reference = statistics.median(others) if others else None
-    expected = 1.0 / math.sqrt(len(analysis.stream.blocks)) if analysis.stream.blocks else 1.0
-    return [
-        BranchScale(block, path, scale[path] / reference if reference else None, expected)
-        for block, path in projections.items()
-        if path is not None
-    ]
-
-
-def _output_projection(block: Any, by_node: dict[fx.Node, str]) -> Optional[str]:
-    stack, seen = [t.node for t in block.terms], set()
-    region = block.region_set
-    found: list[fx.Node] = []
-    while stack:
-        node = stack.pop()
-        if node in seen or node not in region:
-            continue
-        seen.add(node)
-        if node in by_node:
-            found.append(node)
-            continue
-        stack.extend(node.all_input_nodes)
-    if not found:
-        return None
-    order = {node: i for i, node in enumerate(block.region)}
-    return by_node[max(found, key=order.__getitem__)]
-
-
-def _fan_in_std(module: torch.nn.Module) -> float:
-    weight = module.weight.detach().double()
-    return float(weight.std()) * math.sqrt(weight[0].numel())
