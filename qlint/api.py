@@ -166,14 +166,18 @@ def probe(specs: Optional[Sequence[str]] = None, *, config: Union[str, Path, Non
           overrides: Iterable[str] = (), cwd: Union[str, Path, None] = None, settings: Any = None,
           on_block: Any = None, **flags: Any) -> list[Any]:
     """``qlint probe``: each spec (or configured model) probed with its ``[tool.qlint]`` settings
-    and declared primitives, as :func:`check` analyses it (:mod:`qlint.probe.measure`)."""
+    and declared primitives, as :func:`check` analyses it (:mod:`qlint.probe.measure`), with the
+    init logs QL401-QL405 among its findings (:mod:`qlint.probe.logs`)."""
+    from qlint.probe import logs
     from qlint.probe.measure import ProbeSettings, probe_model
 
     extra = {"on_block": on_block} if on_block is not None else {}
-    return [
-        probe_model(loaded.model, loaded.inputs, spec=spec, options=options, settings=settings or ProbeSettings(), **extra)
-        for spec, loaded, options in _configured_models(specs, config, isolated, overrides, cwd, flags)
-    ]
+    results = []
+    for spec, loaded, options in _configured_models(specs, config, isolated, overrides, cwd, flags):
+        result = probe_model(loaded.model, loaded.inputs, spec=spec, options=options, settings=settings or ProbeSettings(), **extra)
+        logs.attach(result)
+        results.append(result)
+    return results
 
 
 def probe_loops(specs: Optional[Sequence[str]] = None, *, config: Union[str, Path, None] = None, isolated: bool = False,

@@ -3,7 +3,8 @@
 The examples are fixture specs listed in each rule's ``fires_on`` / ``silent_on``
 (rules/checks/*.toml); a rule without both kinds of example fails here, so a new
 code cannot land without them. ``qlint check`` rules run through ``qlint.check``
-(configuration, suppressions and all), the ``probe --loop`` ones through the loop probe.
+(configuration, suppressions and all), the ``probe --loop`` ones through the loop probe,
+the ``probe`` ones (the init logs) through ``qlint.api.probe``.
 """
 
 from __future__ import annotations
@@ -26,6 +27,13 @@ def codes_reported(spec: str, produced_by: str) -> frozenset[str]:
         import qlint.api
 
         return frozenset(f.code for probes in qlint.api.probe_loops([path], isolated=True).values() for probe in probes for f in probe.findings)
+    if produced_by == "probe":
+        import qlint.api
+        from qlint.probe.measure import ProbeSettings
+
+        # the init logs do not read the exponent fits: sample two scales, no random directions
+        quick = ProbeSettings(random_directions=0, perturb=False, power_iterations=1, lowest_decade=6, points_per_decade=1, fit_decades=1)
+        return frozenset(f.code for result in qlint.api.probe([path], isolated=True, settings=quick) for f in result.report.findings)
     import qlint
 
     report = qlint.check([path], isolated=True, select=["ALL"])

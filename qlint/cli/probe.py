@@ -58,8 +58,9 @@ def command(
     the model's own submodule, under the parameters as built and adversarial ones; fit its
     growth exponent over the top decades and compare it with the static q (an inf or nan
     sample under a finite q is a violation); estimate c_k, b_k, L_k and print
-    the forward (eq. 38) and backward (eq. 39) bounds, the overflow depths per number format
-    and initialization diagnostics."""
+    the forward (eq. 38) and backward (eq. 39) bounds, the overflow depths per number format,
+    initialization diagnostics and the init logs QL401-QL405 (max attention logit, attention
+    entropy, min per-token spread, max carry, stream RMS growth; warnings, exit code unchanged)."""
     with fail_cleanly(show_traceback):
         import torch
 

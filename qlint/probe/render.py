@@ -14,6 +14,7 @@ from qlint.core.algebra import format_q
 from qlint.probe.measure import BlockProbe, ModelProbe
 from qlint.probe.bounds import FORMATS, StackBounds
 from qlint.probe.init import InitDiagnostics
+from qlint.probe import logs as init_logs
 
 AGREEMENT_STYLE = {"exact": "green", "below": "cyan", "VIOLATION": "bold red", "n/a": "yellow"}
 
@@ -127,6 +128,32 @@ def init_tables(init: InitDiagnostics) -> list:
     return parts
 
 
+def logs_parts(result: ModelProbe) -> list:
+    """The init logs (QL401-QL405) measured and their thresholds, then the findings past them."""
+    logs = result.report.extra.get("init_logs")
+    if not logs:
+        return []
+    table = Table(title="init logs (001 Parts III, VI, XII; 003 §5.4, §6)", title_justify="left")
+    for column in ("log", "where", "measured", "flagged when"):
+        table.add_column(column, justify="right" if column == "measured" else "left", no_wrap=True)
+    for log in logs["attention"]:
+        table.add_row("max |attention logit|", log["name"], number(log["max_logit"]), f"> {init_logs.MAX_LOGIT:g}")
+        table.add_row("attention entropy / log n", log["name"], number(log["normalised_entropy"]), f"< {init_logs.ENTROPY_FLOOR:g}")
+    for log in logs["token_spread"]:
+        table.add_row(f"min token {log['statistic']} / RMS", log["name"], number(log["ratio"]), f"< {init_logs.SPREAD_FLOOR:g}")
+    for log in logs["carry"]:
+        table.add_row("max carry Ā", log["loop"], f"{number(log['max'], 4)} (mean {number(log['mean'])})", f"≥ {init_logs.CARRY_CEILING:g}")
+    stream = logs["stream_growth"]
+    if stream is not None:
+        table.add_row("stream RMS out / in", f"{stream['blocks']} blocks", number(stream["final"]), f"> 2·√L = {number(stream['threshold'])}")
+    parts: list = [table] if table.row_count else []
+    for finding in result.report.findings:
+        if finding.code in init_logs.CODES:
+            where = f" ({finding.source})" if finding.source else ""
+            parts.append(Text(f"{finding.code} {finding.message}{where}", style="yellow"))
+    return parts
+
+
 def model_renderable(result: ModelProbe) -> Group:
     parts: list = [exponent_table(result)]
     if not result.blocks:
@@ -135,6 +162,7 @@ def model_renderable(result: ModelProbe) -> Group:
     if result.blocks:
         parts.append(bounds_text(result.bounds))
         parts.extend(init_tables(result.init))
+    parts.extend(logs_parts(result))
     parts.extend(Text(f"SOUNDNESS BUG: {mismatch}", style="bold red") for mismatch in result.graph_mismatches)
     if result.violations:
         verdict = Text(f"{len(result.violations)} block(s) grow faster than their static exponent: soundness bug", style="bold red")
