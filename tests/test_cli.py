@@ -163,6 +163,7 @@ def test_explain_and_rules():
     assert result.exit_code == 0
     for row in ("LayerNorm", "Polynomial", "Self-attention", "Exponential"):
         assert row in result.output
+    assert "clamps to [lo, hi]" in " ".join(result.output.replace("│", " ").split())  # brackets are text, not markup
     rows = json.loads(run("rules", "--json").output)
     assert {r["primitive"]: r["q"] for r in rows}["Polynomial activation x^p"] == "p * q"
 

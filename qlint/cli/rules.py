@@ -26,6 +26,7 @@ def command(as_json: bool, table1: bool) -> None:
         click.echo(json.dumps(rows, indent=2))
         return
     from qlint.ci.render import make_console
+    from rich.markup import escape
     from rich.table import Table
 
     table = Table(title="qlint primitive catalogue (★ = row of Table 1, paper 000)", show_lines=True)
@@ -34,5 +35,6 @@ def command(as_json: bool, table1: bool) -> None:
     table.add_column("coefficient c")
     table.add_column("justification")
     for p in primitives:
-        table.add_row(("★ " if p.get("table1") else "") + p["name"], str(p["q"]), p.get("coefficient", ""), " ".join(p["why"].split()))
+        cells = (("★ " if p.get("table1") else "") + p["name"], str(p["q"]), p.get("coefficient", ""), " ".join(p["why"].split()))
+        table.add_row(*map(escape, cells))  # "[lo, hi]" is text, not rich markup
     make_console().print(table)

@@ -28,7 +28,7 @@ class _Attention:
     node: fx.Node
     path: str
     operands: list[fx.Node]  # q and k
-    capped: bool
+    capped: str  # how every path to the softmax is capped: "tanh", "clamp" (some path hard-clamped only), or ""
     opaque: str = ""  # the torch.nn module class computing the logits internally
 
 
@@ -38,24 +38,28 @@ def _attentions(analysis: Analysis) -> Iterator[_Attention]:
     for node in analysis.graph.nodes:
         kind = op(node)
         if kind == "mha_module":
-            yield _Attention(node, str(node.target), [], False, type(analysis.module.get_submodule(node.target)).__name__)
+            yield _Attention(node, str(node.target), [], "", type(analysis.module.get_submodule(node.target)).__name__)
         elif kind == "attention":
             operands = [argument(node, name) for name in ("query", "key")]
-            yield _Attention(node, module_path(node) or root, [o for o in operands if isinstance(o, fx.Node)], False)
+            yield _Attention(node, module_path(node) or root, [o for o in operands if isinstance(o, fx.Node)], "")
         elif kind == "mha_functional":
-            yield _Attention(node, module_path(node) or root, [], False, "multi_head_attention_forward")
+            yield _Attention(node, module_path(node) or root, [], "", "multi_head_attention_forward")
         elif "softmax" in family(node):
-            yield from _softmax_attentions(node, data, root)
+            yield from softmax_attentions(node, data, root)
 
 
-def _softmax_attentions(softmax: fx.Node, data: set, root: str) -> Iterator[_Attention]:
-    """The Q·K products whose logits reach this softmax, and whether every path is tanh-capped."""
+def softmax_attentions(softmax: fx.Node, data: set, root: str) -> Iterator[_Attention]:
+    """The Q·K products whose logits reach this softmax, and how every path is capped.
+
+    A tanh soft-cap bounds the logits and keeps their gradient; a hard clamp bounds them
+    too, but its gradient is zero past the cap, which is reported differently.
+    """
     logits = argument(softmax, "input")
     if not isinstance(logits, fx.Node):
         return
-    stack: list[tuple[fx.Node, bool]] = [(logits, False)]
-    seen: set[tuple[fx.Node, bool]] = set()
-    found: dict[fx.Node, bool] = {}
+    stack: list[tuple[fx.Node, str]] = [(logits, "")]
+    seen: set[tuple[fx.Node, str]] = set()
+    found: dict[fx.Node, list[str]] = {}
     while stack:
         node, capped = stack.pop()
         if (node, capped) in seen or node not in data:
@@ -64,13 +68,16 @@ def _softmax_attentions(softmax: fx.Node, data: set, root: str) -> Iterator[_Att
         kind = op(node)
         operands = [a for a in node.all_input_nodes if a in data]
         if "matmul" in family(node) and len(operands) >= 2:
-            found[node] = found.get(node, True) and capped
+            found.setdefault(node, []).append(capped)
         elif kind == "saturating" and op_name(node) == "tanh":
-            stack.extend((a, True) for a in operands)
+            stack.extend((a, "tanh") for a in operands)
+        elif _hard_cap(node) and argument(node, "input") in operands:
+            stack.append((argument(node, "input"), capped or "clamp"))
         elif family(node) & _LOGIT_PLUMBING:
             stack.extend((a, capped) for a in operands)
-    for product, capped in found.items():
+    for product, caps in found.items():
         operands = [a for a in product.all_input_nodes if a in data][-2:]
+        capped = "" if "" in caps else "clamp" if "clamp" in caps else "tanh"
         yield _Attention(product, module_path(product) or module_path(softmax) or root, operands, capped)
 
 
@@ -90,15 +97,28 @@ def _normalised(operand: fx.Node, data: set) -> bool:
     return True
 
 
+def _hard_cap(node: fx.Node) -> bool:
+    """clamp with both bounds, or hardtanh: the logits are bounded with a zero gradient past the bounds."""
+    if op(node) == "hardtanh":
+        return True
+    return op(node) == "clamp" and argument(node, "min") is not None and argument(node, "max") is not None
+
+
+_GROWTH = "the logits grow with ||W_Q||·||W_K|| (entropy collapse, fp16 overflow)"
+
+
 def _unbounded(attention: _Attention, data: set) -> Optional[str]:
-    """Why the attention's logits are unbounded in the weights, or None when they are bounded."""
+    """What is wrong with the attention's logits, or None when they are bounded and keep their gradient."""
     if attention.opaque:
-        return f"`{attention.opaque}` computes its logits internally without QK-norm or soft-capping"
-    if attention.capped:
+        return f"`{attention.opaque}` computes its logits internally without QK-norm or soft-capping; {_GROWTH}"
+    if attention.capped == "tanh":
         return None
     if len(attention.operands) == 2 and all(_normalised(o, data) for o in attention.operands):
         return None
-    return "its logits q·k have neither QK-norm nor tanh soft-capping"
+    if attention.capped == "clamp":
+        return ("its logits are hard-clamped: bounded, but the gradient is zero past the cap, so a saturated logit "
+                "stops learning; soft-cap them with c·tanh(z/c) (Gemma 2) or normalise q and k")
+    return f"its logits q·k have neither QK-norm nor tanh soft-capping; {_GROWTH}"
 
 
 @checker("QL201")
