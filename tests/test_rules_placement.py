@@ -292,3 +292,32 @@ def test_batchnorm_in_train_mode_normalizes(lint, tracer):
 def test_eval_mode_option_turns_the_train_fixture_into_the_positive_case(lint):
     report = lint("placement.py:batchnorm_train", mode="eval")
     assert [f.block for f in findings(report, "QL205")] == ["0", "1"]
+
+
+class NormEndedBranch(nn.Module):
+    """x + LN(fc2(relu(fc1(x)))) ten times: the branch's scale is the norm's gamma, whatever fc2 is."""
+
+    def __init__(self, gamma: float):
+        super().__init__()
+        self.stem, self.head = nn.Linear(16, 16), nn.Linear(16, 16)
+        self.branches = nn.ModuleList(nn.Sequential(nn.Linear(16, 16), nn.ReLU(), nn.Linear(16, 16), nn.LayerNorm(16)) for _ in range(10))
+        for branch in self.branches:
+            nn.init.constant_(branch[3].weight, gamma)
+
+    def forward(self, x):
+        x = self.stem(x)
+        for branch in self.branches:
+            x = x + branch(x)
+        return self.head(x)
+
+
+@pytest.mark.parametrize("tracer", ["symbolic_trace", "export"])
+@pytest.mark.parametrize("gamma,scaled", [(0.0, True), (1.0, False)])
+def test_a_zero_initialised_norm_ending_the_branch_scales_it(tracer, gamma, scaled):
+    """timm's ResNet zero_init_last (bn2.weight = 0) and Swin v2's res-post-norm: the branch enters at gamma."""
+    torch.manual_seed(0)
+    analysis = run(NormEndedBranch(gamma), (torch.randn(2, 5, 16),), spec="norm_ended", options=Options(tracer=tracer))
+    scales = branch_scales(analysis)
+    assert [s.relative_std for s in scales] == [pytest.approx(gamma)] * 10
+    assert all(s.scaled is scaled for s in scales)
+    assert ("QL204" in [f.code for f in analysis.report.findings]) is not scaled

@@ -142,6 +142,9 @@ def _branch_end(term: fx.Node, analysis: Analysis) -> tuple[Optional[float], fx.
         if "carrier" in family(node) and isinstance(argument(node, "input"), fx.Node):
             node = argument(node, "input")
             continue
+        if is_normalizer(node):
+            gain = _norm_gain(node, analysis)
+            return (None if gain is None else scale * gain), node
         if kind not in ("mul", "div"):
             return scale, node
         a, b = argument(node, "input"), argument(node, "other")
@@ -156,6 +159,22 @@ def _branch_end(term: fx.Node, analysis: Analysis) -> tuple[Optional[float], fx.
         magnitude = value.abs()
         scale *= float(magnitude.max()) if kind == "mul" else 1 / max(float(magnitude.min()), 1e-30)
         node = dependent[0]
+
+
+def _norm_gain(node: fx.Node, analysis: Analysis) -> Optional[float]:
+    """A normalization ending a branch sets its scale by its affine gamma (1 without one): a
+    zero-initialised gamma (timm's ResNet zero_init_last, Swin v2's res-post-norm) enters at 0."""
+    if node.op == "call_module":
+        weight = getattr(analysis.module.get_submodule(str(node.target)), "weight", None)
+        value = weight.detach() if isinstance(weight, torch.Tensor) else None
+    else:
+        weight = argument(node, "weight")
+        value = constant_value(weight, analysis) if isinstance(weight, fx.Node) else None
+    if weight is None:
+        return 1.0
+    if value is None or value.is_meta:
+        return None
+    return float(value.abs().max()) if value.numel() else 1.0
 
 
 def _weight(node: fx.Node, analysis: Analysis) -> tuple[bool, Optional[torch.Tensor]]:

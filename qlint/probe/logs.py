@@ -48,10 +48,11 @@ MAX_LOGIT = 30.0
 # "attending to essentially one key" sits at 0.05 / 2.77 = 0.02.
 ENTROPY_FLOOR = 0.1
 # QL403. The normalizer's gain on a token is gamma / s(x) (003 Section 4): a token whose spread
-# is a tenth of the stream's RMS gets ten times the typical gain, the order of Lipschitz excess
-# 003 Section 6 shows a healthy margin cannot absorb. A token of d >= 16 i.i.d. channels falls
-# below it with probability under 1e-12 (s^2 ~ chi^2_(d-1) / d).
-SPREAD_FLOOR = 0.1
+# is a hundredth of the stream's RMS gets a hundred times the typical gain, far past the Lipschitz
+# excess 003 Section 6 shows a healthy margin absorbs. Not 0.1: timm's ViT class token (std 1e-6
+# plus a std-0.02 position embedding) sits at 0.033 at init, the same for every input, and DeiT
+# trains from it; an imploded token (std 1e-6 alone) is at 1e-6.
+SPREAD_FLOOR = 0.01
 # QL404. 003 Table 5: one channel at 0.99 pins the worst-axis margin to ~0.01 whatever the other
 # channels (0.011 with 31 at 0.5, mean 0.515); "monitor max(Ā), not the mean" (Section 5.4).
 CARRY_CEILING = 0.99
@@ -63,6 +64,10 @@ STREAM_GROWTH = 2.0
 # A logit at or below this is a mask, not a score (additive masks use -1e4, -1e9, finfo.min or
 # -inf; e^-1e4 is 0 in every float format): such keys are not keys of the row.
 MASKED = -1e4
+# So is a logit more than this below its row's maximum: its weight is under e^-50 = 2e-22 of the
+# top key's, absent from the row as a masked key is (timm's Swin masks its shifted windows with
+# -100 added to logits of order 0.1; a real logit gap that large is QL401's top logit anyway).
+MASK_GAP = 50.0
 
 _CENTRED = frozenset({"layer_norm", "native_layer_norm"})  # divide by the per-token std
 _UNCENTRED = frozenset({"rms_norm", "_fused_rms_norm"})  # divide by the per-token RMS
@@ -120,7 +125,12 @@ class CarryLog:
 
 @dataclass
 class StreamGrowth:
-    """The stream's RMS after each block over its RMS entering the first (unit-variance input)."""
+    """The stream's RMS after each block over its RMS after the first (unit-variance input).
+
+    Measured from the first block's output, not its input: an additive stream has
+    sigma_k^2 = sigma_0^2 + k v, so sigma_k / sigma_1 <= sqrt(k) whatever v / sigma_0^2 (a
+    small embedding, std 0.02, makes sigma_k / sigma_0 large without any geometric growth).
+    """
 
     blocks: list[str]
     ratios: list[float]
@@ -177,11 +187,12 @@ def _rounded(value: Optional[float]) -> Optional[float]:
 def attention_stats(logits: torch.Tensor, probs: torch.Tensor) -> tuple[float, Optional[float], int]:
     """(max |logit|, mean H(row) / log(keys), keys) of attention weights with the key axis last.
 
-    A key whose logit is masked (at or below ``MASKED``) is not one of the row's keys;
+    A key whose logit is masked (at or below ``MASKED``, or ``MASK_GAP`` below the row's top)
+    is not one of the row's keys;
     rows with fewer than two keys have no entropy to lose and are left out.
     """
     logits, probs = logits.detach().double(), probs.detach().double()
-    live = logits > MASKED
+    live = (logits > MASKED) & (logits > logits.amax(-1, keepdim=True) - MASK_GAP)
     keys = live.sum(-1)
     max_logit = float(logits[live].abs().max()) if bool(live.any()) else 0.0
     entropy = -torch.xlogy(probs, probs).sum(-1)
@@ -322,11 +333,11 @@ def carry_logs(analysis: Analysis, trajectory: Trajectory) -> list[CarryLog]:
 
 
 def stream_growth(stack: list[StackLayer], joins: Optional[dict[str, Optional[Source]]] = None) -> Optional[StreamGrowth]:
-    """Each block's output RMS over the first block's input RMS, from the init diagnostics;
+    """Each block's output RMS over the first block's output RMS, from the init diagnostics;
     ``joins``: the source line of each block's residual sum, by block name."""
-    if not stack or not stack[0].rms_in:
+    if not stack or not stack[0].rms_out:
         return None
-    return StreamGrowth([layer.name for layer in stack], [layer.rms_out / stack[0].rms_in for layer in stack],
+    return StreamGrowth([layer.name for layer in stack], [layer.rms_out / stack[0].rms_out for layer in stack],
                         [(joins or {}).get(layer.name) for layer in stack])
 
 
