@@ -457,3 +457,30 @@ def test_nan_weights_are_one_line_and_exit_2(tmp_path):
     result = CliRunner().invoke(main, ["probe", f"{module}:build_model"])
     assert result.exit_code == 2
     assert result.stderr.strip() == "qlint: error: the parameter `w.weight` holds inf or nan: nothing to measure"
+
+
+class _Residuals(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.layers = nn.ModuleList(nn.Linear(8, 8) for _ in range(2))
+
+    def forward(self, x):
+        for layer in self.layers:
+            x = x + layer(x)
+        return x
+
+
+def test_a_stack_pass_that_cannot_run_degrades_to_a_flag(monkeypatch):
+    """A graph autograd cannot replay (timm's ResNet in train mode: an in-place running-stat update) loses
+    the stack figures, not the probe."""
+    from qlint.probe import init
+
+    def fails(analysis, seed):
+        raise RuntimeError("one of the variables needed for gradient computation has been modified by an inplace operation")
+
+    analysis, _ = trace_float64(_Residuals(), (torch.randn(2, 8),), spec="residuals", options=Options())
+    monkeypatch.setattr(init, "_stack", fails)
+    diagnostics = init.diagnose(analysis, 0)
+    assert diagnostics.stack == [] and len(diagnostics.branches) == 2
+    assert diagnostics.flags == ["the RMS pass through the stack could not run (one of the variables needed for gradient "
+                                 "computation has been modified by an inplace operation): no stack figures"]

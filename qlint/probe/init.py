@@ -104,11 +104,14 @@ def rms(value: torch.Tensor) -> float:
 def diagnose(analysis: Any, seed: int) -> InitDiagnostics:
     """All three diagnostics for an :class:`qlint.analysis.Analysis` of a model with weights."""
     diagnostics = InitDiagnostics()
-    diagnostics.stack = _stack(analysis, seed)
+    try:
+        diagnostics.stack = _stack(analysis, seed)
+    except RuntimeError as exc:  # a graph the autograd pass cannot replay (a train-mode in-place buffer update)
+        diagnostics.flags.append(f"the RMS pass through the stack could not run ({str(exc).splitlines()[0][:160]}): no stack figures")
     layers = _layer_nodes(analysis.traced.module, analysis.model)
     diagnostics.gains = [_gain(name, module, layers.get(name)) for name, module in analysis.model.named_modules() if isinstance(module, _LAYER_TYPES)]
     diagnostics.branches = branch_scales(analysis)
-    diagnostics.flags = _flags(diagnostics.stack)
+    diagnostics.flags += _flags(diagnostics.stack)
     return diagnostics
 
 
