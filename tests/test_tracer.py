@@ -366,3 +366,15 @@ def test_every_tracer_shares_the_models_parameters(tracer):
     traced = capture(model, (torch.randn(2, 8),), prefer=tracer)
     assert traced.tracer == tracer and _shares_parameters(traced.module, model)
     assert "with redrawn parameters" in traced.graph_check
+
+
+@pytest.mark.parametrize("tracer", ["symbolic_trace", "export"])
+def test_a_trainable_plain_tensor_attribute_is_never_read_by_value(tracer):
+    """exp(p z^2) u with p = -1 a plain tensor that requires grad: export lifts it as a detached
+    constant, but an optimizer given it trains it (p = 1 gives exp(z^2)): not certified."""
+    from qlint.loader import load
+
+    loaded = load("fixtures/adversarial/trace_gap.py:trainable_tensor_attribute_sign")
+    assert loaded.model.p.requires_grad
+    [model] = qlint.check(["fixtures/adversarial/trace_gap.py:trainable_tensor_attribute_sign"], isolated=True, tracer=tracer).models
+    assert (model.tracer, model.verdict) == (tracer, "supercritical")

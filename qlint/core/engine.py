@@ -24,7 +24,7 @@ from qlint.core.domain import CONSTANT, Growth, point
 from qlint.core.graph import GraphFacts, annotate, facts, user_frames
 from qlint.core.propagate import GrowthProp, apply, joint, leading
 from qlint.core.results import Block, DerivationStep, ModelReport, Source, Transition
-from qlint.core.trace import TracedGraph
+from qlint.core.trace import TracedGraph, trainable_attributes
 
 ZERO = Growth(0.0, depends=False, range=point(0.0))
 
@@ -69,7 +69,8 @@ def analyse(model: torch.nn.Module, inputs: Optional[tuple], traced: TracedGraph
     annotate(module, registry, model)
     graph = GraphFacts(module, traced.data_inputs)
     relations.find(graph.nodes)
-    prop = GrowthProp(module, graph, training=model.training, assume_real=assume_real)
+    prop = GrowthProp(module, graph, training=model.training, assume_real=assume_real,
+                      trainable=trainable_attributes(module, model))
     base = prop.run_graph()
     stream = find_stream(graph, root_name=type(model).__name__)
     envs: dict[str, Any] = {}

@@ -52,11 +52,17 @@ def joint(value: Value) -> Growth:
 class GrowthProp(fx.Interpreter):
     """Maps each node to a Growth through its registry entry (node.meta["qlint"])."""
 
-    def __init__(self, module: fx.GraphModule, graph_facts: GraphFacts, *, training: bool, assume_real: bool = True) -> None:
+    def __init__(self, module: fx.GraphModule, graph_facts: GraphFacts, *, training: bool, assume_real: bool = True,
+                 trainable: frozenset[str] = frozenset()) -> None:
         super().__init__(module, garbage_collect_values=False)
         self.graph_facts = graph_facts
         self.training = training
         self.assume_real = assume_real  # inputs without a recorded dtype are taken as real (said in the report)
+        self.trainable = trainable  # attributes aliasing a tensor the model trains, whatever the graph's copy says
+
+    def is_trainable(self, target: str, value: torch.Tensor) -> bool:
+        """A tensor an optimizer given the model trains: requires_grad, on the graph's copy or on the model's."""
+        return value.requires_grad or target in self.trainable
 
     def run_graph(self) -> dict[fx.Node, Value]:
         """Every node relative to the model's data inputs, each seeded at q = 1."""
@@ -139,8 +145,7 @@ class GrowthProp(fx.Interpreter):
             return CONSTANT
         real = not value.is_complex()
         lifted = str(n.target).startswith("_tensor_constant")  # fx registers the constants it lifts as buffers
-        trainable = value.requires_grad  # a plain tensor attribute an optimizer is given trains like a Parameter
-        if isinstance(value, torch.nn.Parameter) or trainable or (is_buffer(self.module, str(n.target)) and not lifted) or value.is_meta:
+        if isinstance(value, torch.nn.Parameter) or self.is_trainable(str(n.target), value) or (is_buffer(self.module, str(n.target)) and not lifted) or value.is_meta:
             return Growth(0.0, depends=False, real=real)
         if value.numel() == 0 or not real:
             return Growth(0.0, depends=False, real=real)

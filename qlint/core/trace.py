@@ -195,6 +195,30 @@ def _state_as_constant(module: fx.GraphModule, model: torch.nn.Module) -> Option
     return None
 
 
+def trainable_attributes(module: fx.GraphModule, model: torch.nn.Module) -> frozenset[str]:
+    """The graph's tensor attributes that alias a model tensor an optimizer trains (requires_grad),
+    by shared storage: torch.export lifts a plain ``self.p = torch.tensor(.., requires_grad=True)``
+    as a detached constant, which must not be read by value."""
+    trained = {t.untyped_storage().data_ptr() for sub in model.modules() for t in vars(sub).values()
+               if isinstance(t, torch.Tensor) and t.requires_grad and not t.is_meta and t.numel()}
+    trained |= {p.untyped_storage().data_ptr() for p in model.parameters() if p.requires_grad and not p.is_meta and p.numel()}
+    found = set()
+    for node in module.graph.nodes:
+        if node.op == "get_attr":
+            try:
+                value = _attribute(module, str(node.target))
+            except AttributeError:
+                continue
+            if isinstance(value, torch.Tensor) and not value.is_meta and value.numel() and value.untyped_storage().data_ptr() in trained:
+                found.add(str(node.target))
+    return frozenset(found)
+
+
+def _attribute(module: torch.nn.Module, target: str) -> Any:
+    owner, _, name = target.rpartition(".")
+    return getattr(module.get_submodule(owner) if owner else module, name)
+
+
 def _schemas(target: Any) -> list[Any]:
     """The schemas of an ATen overload, or of every overload of a packet."""
     if isinstance(target, torch._ops.OpOverload):

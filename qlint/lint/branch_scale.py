@@ -41,7 +41,7 @@ import torch.fx as fx
 
 from qlint.core.engine import Analysis
 from qlint.core.graph import module_path
-from qlint.lint.graph_queries import argument, constant_value, family, is_normalizer, op
+from qlint.lint.graph_queries import argument, constant_value, family, is_normalizer, once_per_graph, op
 
 
 @dataclass
@@ -68,6 +68,7 @@ class BranchScale:
         return self.relative_std <= self.limit
 
 
+@once_per_graph
 def branch_scales(analysis: Analysis) -> list[BranchScale]:
     """Every block's branch scale (the largest of its velocity terms), in stream order."""
     blocks = analysis.stream.blocks

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from typing import Any, Optional
+import functools
+import weakref
+from typing import Any, Callable, Optional, TypeVar
 
 import torch
 import torch.fx as fx
@@ -14,6 +16,23 @@ from qlint.core.relations import Normalisation, strip
 
 _RUNNING_STATS_OPS = {"_native_batch_norm_legit_no_training", "_batch_norm_no_update"}
 _BATCH_STATS_OPS = {"_native_batch_norm_legit", "_native_batch_norm_legit_functional", "_batch_norm_with_update"}
+
+
+Result = TypeVar("Result")
+
+
+def once_per_graph(question: Callable[[Analysis], Result]) -> Callable[[Analysis], Result]:
+    """Answer a whole-graph question once per traced graph: several rules (and the probe) ask it."""
+    answers: "weakref.WeakKeyDictionary[fx.Graph, Any]" = weakref.WeakKeyDictionary()
+
+    @functools.wraps(question)
+    def ask(analysis: Analysis) -> Result:
+        graph = analysis.traced.graph
+        if graph not in answers:
+            answers[graph] = question(analysis)
+        return answers[graph]
+
+    return ask
 
 
 def op(node: Any) -> str:

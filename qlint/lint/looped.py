@@ -12,7 +12,6 @@ recurrence.
 from __future__ import annotations
 
 import math
-import weakref
 from dataclasses import dataclass
 from typing import Any, Callable, Iterable, Optional
 
@@ -27,7 +26,7 @@ from qlint.core.ops import describe
 from qlint.core.propagate import is_buffer, leading
 from qlint.core.results import Finding
 from qlint.lint.rule import checker, rule
-from qlint.lint.graph_queries import argument, carried, common_path, constant_value, is_normalizer, normalised_input, op
+from qlint.lint.graph_queries import argument, carried, common_path, constant_value, is_normalizer, normalised_input, once_per_graph, op
 
 @dataclass(frozen=True)
 class CarrySum:
@@ -75,19 +74,11 @@ class Loop:
         return f"h <- LN({inner})" if self.step.post_norm else f"h <- {inner}"
 
 
-_FOUND: "weakref.WeakKeyDictionary[fx.Graph, list[Loop]]" = weakref.WeakKeyDictionary()
-
-
+@once_per_graph
 def find_loops(analysis: Analysis) -> list[Loop]:
-    """Every weight-shared recurrence of two or more iterations, in execution order (once per graph)."""
-    graph = analysis.traced.graph
-    if graph not in _FOUND:
-        _FOUND[graph] = _find_loops(analysis)
-    return _FOUND[graph]
+    """Every weight-shared recurrence of two or more iterations, in execution order.
 
-
-def _find_loops(analysis: Analysis) -> list[Loop]:
-    """Chain the steps whose state is the previous step's sum and whose weights are the same.
+    Chain the steps whose state is the previous step's sum and whose weights are the same.
 
     A sum may read as a step from several of its terms (``h + (x + u)`` with
     ``x = h + e``): the state chosen is the one that continues a chain of equal
@@ -388,7 +379,7 @@ def _leaves(node: fx.Node, analysis: Analysis) -> dict[fx.Node, str]:
             continue
         if not isinstance(value, torch.Tensor) or str(leaf.target).startswith("_tensor_constant"):
             continue  # a constant the tracer lifted: the domain reads its value already
-        if value.requires_grad:
+        if analysis.prop.is_trainable(str(leaf.target), value):
             found[leaf] = "parameter"
         else:
             found[leaf] = "buffer" if is_buffer(analysis.model, str(leaf.target)) else "frozen"
@@ -465,15 +456,18 @@ def _witness(carry: Any, analysis: Analysis, leaves: dict[fx.Node, str]) -> Opti
     return None
 
 
+_LEAF_CARRY = {
+    "parameter": "the carry `{}`",
+    "buffer": "the carry, the buffer `{}` (a constant, checked by value),",
+    "frozen": "the carry, the tensor `{}` (requires_grad=False: a constant, checked by value),",
+}
+
+
 def _what(carry: Any, leaves: dict[fx.Node, str]) -> str:
     node = carried(carry) if isinstance(carry, fx.Node) else None
     kind = leaves.get(node) if node is not None else None
-    if kind == "parameter":
-        return f"the carry `{node.target}`"
-    if kind == "buffer":
-        return f"the carry, the buffer `{node.target}` (a constant, checked by value),"
-    if kind == "frozen":
-        return f"the carry, the tensor `{node.target}` (requires_grad=False: a constant, checked by value),"
+    if kind is not None:
+        return _LEAF_CARRY[kind].format(node.target)
     constants = [f"`{leaf.target}`" for leaf, k in leaves.items() if k != "parameter"]
     read = f" (the constants {', '.join(constants)} checked by value)" if constants else ""
     spelled = describe(node) if node is not None else _spell(carry)

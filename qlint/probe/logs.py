@@ -11,7 +11,7 @@ that pass (float64, the example inputs) and reads off, with a threshold each:
   spikes the gain (003 Sections 4 and 6);
 * per looped recurrence, the largest channel of its carry Ā (QL404): a single slow
   channel pins the worst-axis margin (003 Section 5.4, Table 5);
-* the residual stream's RMS after each block over its RMS entering the first, against
+* the residual stream's RMS after each block over its RMS after the first, against
   sqrt(L) (QL405, 001 Part III), from the stack diagnostics of :mod:`qlint.probe.init`.
 """
 
@@ -34,7 +34,7 @@ from qlint.lint.graph_queries import argument, is_normalizer, normalised_input, 
 from qlint.lint.looped import carry_value, find_loops
 from qlint.lint.rule import rule
 from qlint.probe.init import StackLayer, rms
-from qlint.probe.measure import ModelProbe, Trajectory
+from qlint.probe.measure import ModelProbe, Trajectory, significant
 
 CODES = ("QL401", "QL402", "QL403", "QL404", "QL405")
 
@@ -85,7 +85,7 @@ class AttentionLog:
     source: Optional[Source] = None
 
     def to_dict(self) -> dict[str, Any]:
-        return {"name": self.name, "max_logit": _rounded(self.max_logit), "normalised_entropy": _rounded(self.entropy), "keys": self.keys}
+        return {"name": self.name, "max_logit": significant(self.max_logit), "normalised_entropy": significant(self.entropy), "keys": self.keys}
 
 
 @dataclass
@@ -105,8 +105,8 @@ class SpreadLog:
         return self.min_spread / self.rms if self.rms else math.inf
 
     def to_dict(self) -> dict[str, Any]:
-        return {"name": self.name, "statistic": self.statistic, "min_spread": _rounded(self.min_spread), "token": list(self.token),
-                "rms": _rounded(self.rms), "ratio": _rounded(self.ratio)}
+        return {"name": self.name, "statistic": self.statistic, "min_spread": significant(self.min_spread), "token": list(self.token),
+                "rms": significant(self.rms), "ratio": significant(self.ratio)}
 
 
 @dataclass
@@ -120,7 +120,7 @@ class CarryLog:
     source: Optional[Source] = None
 
     def to_dict(self) -> dict[str, Any]:
-        return {"loop": self.path, "max": _rounded(self.max), "mean": _rounded(self.mean), "channels": self.channels}
+        return {"loop": self.path, "max": significant(self.max), "mean": significant(self.mean), "channels": self.channels}
 
 
 @dataclass
@@ -151,8 +151,8 @@ class StreamGrowth:
 
     def to_dict(self) -> dict[str, Any]:
         crossing = self.crossing
-        return {"blocks": len(self.blocks), "ratios": {name: _rounded(r) for name, r in zip(self.blocks, self.ratios)},
-                "final": _rounded(self.final), "threshold": _rounded(self.threshold(len(self.blocks))),
+        return {"blocks": len(self.blocks), "ratios": {name: significant(r) for name, r in zip(self.blocks, self.ratios)},
+                "final": significant(self.final), "threshold": significant(self.threshold(len(self.blocks))),
                 "crossing": None if crossing is None else self.blocks[crossing]}
 
 
@@ -174,11 +174,6 @@ class InitLogs:
                            "carry": CARRY_CEILING, "stream_growth": STREAM_GROWTH},
         }
 
-
-def _rounded(value: Optional[float]) -> Optional[float]:
-    if value is None or not math.isfinite(value):
-        return None
-    return float(f"{value:.6g}")
 
 
 # --- attention -------------------------------------------------------------------------

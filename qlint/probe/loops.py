@@ -46,6 +46,7 @@ from qlint.probe.measure import (
     arnoldi_spectral_radius,
     dense_spectrum,
     lanczos_operator_norm,
+    significant,
     stable_norm,
     trace_float64,
 )
@@ -144,31 +145,26 @@ class LoopProbe:
             "loop": self.path,
             "form": self.form,
             "iterations": self.iterations,
-            "carry_rho": _rounded(self.carry_rho),
+            "carry_rho": significant(self.carry_rho),
             "orbit": self.orbit,
             "fixed_point_reached": self.fixed_point_reached,
             "probe_iterations": len(self.residuals),
-            "final_residual": _rounded(self.residuals[-1]) if self.residuals else None,
-            "residuals": [_rounded(r) for r in self.residuals],
+            "final_residual": significant(self.residuals[-1]) if self.residuals else None,
+            "residuals": [significant(r) for r in self.residuals],
             "jacobian_method": self.method or None,
             "jacobian": self.jacobian,
-            "rho_spec": _rounded(self.rho_spec),
-            "rho_spec_error": _rounded(self.rho_spec_error),
-            "operator_norm": _rounded(self.operator_norm),
-            "operator_norm_error": _rounded(self.operator_norm_error),
-            "non_normality_gap": _rounded(self.gap),
-            "spectral_margin": _rounded(self.margin),
+            "rho_spec": significant(self.rho_spec),
+            "rho_spec_error": significant(self.rho_spec_error),
+            "operator_norm": significant(self.operator_norm),
+            "operator_norm_error": significant(self.operator_norm_error),
+            "non_normality_gap": significant(self.gap),
+            "spectral_margin": significant(self.margin),
             "margin_verdict": self.verdict,
-            "min_token_spread": _rounded(self.min_spread),
+            "min_token_spread": significant(self.min_spread),
             "spread_at": self.spread_at,
             "findings": [finding.to_dict() for finding in self.findings],
         }
 
-
-def _rounded(value: Optional[float]) -> Optional[float]:
-    if value is None or not math.isfinite(value):
-        return None
-    return float(f"{value:.6g}")
 
 
 def iterate(loop_map: LoopMap, settings: LoopSettings) -> tuple[torch.Tensor, list[float], str]:

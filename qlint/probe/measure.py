@@ -581,6 +581,13 @@ class BlockProbe:
         }
 
 
+def significant(value: Optional[float]) -> Optional[float]:
+    """Six significant figures for a report; None for a missing or non-finite figure."""
+    if value is None or not math.isfinite(value):
+        return None
+    return float(f"{value:.6g}")
+
+
 def _rounded(value: Optional[float]) -> Optional[float]:
     if value is None or math.isinf(value):
         return value
