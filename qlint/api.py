@@ -9,8 +9,9 @@ that JSON document); ``qlint.analyze(model, inputs)`` does the same for a model 
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Callable, Iterable, Mapping, Optional, Sequence, Union
+from typing import Any, Callable, Iterable, Iterator, Mapping, Optional, Sequence, Union
 
+from qlint.ci.cache import ResultCache, read_files, recording
 from qlint.ci.config import Config, ConfigError, load_config
 from qlint.core.errors import QlintError
 from qlint.core.results import ModelReport, Report
@@ -31,8 +32,10 @@ def configure(specs: Optional[Sequence[str]] = None, *, config: Union[str, Path,
 
 
 def check(specs: Optional[Sequence[str]] = None, *, config: Union[str, Path, None] = None, isolated: bool = False,
-          overrides: Iterable[str] = (), remedies: bool = False, cwd: Union[str, Path, None] = None, **flags: Any) -> Report:
-    """Analyse each spec (or the configured ``models``) as ``qlint check`` does.
+          overrides: Iterable[str] = (), remedies: bool = False, jobs: int = 1, cwd: Union[str, Path, None] = None,
+          **flags: Any) -> Report:
+    """Analyse each spec (or the configured ``models``) as ``qlint check`` does, the result
+    cache included (``no_cache=True`` turns it off), ``jobs`` models at a time.
 
     A model that fails is in the report with verdict ``failed`` (``Report.failures``),
     not raised, so the others are still checked.
@@ -40,7 +43,7 @@ def check(specs: Optional[Sequence[str]] = None, *, config: Union[str, Path, Non
     settings = configure(specs, config=config, isolated=isolated, overrides=overrides, cwd=cwd, **flags)
     if not settings.models:
         raise ConfigError("no models to check: give specs, or list them in [tool.qlint] models = [...]")
-    report = analyse_configured(settings, remedies=remedies)
+    report = analyse_configured(settings, remedies=remedies, jobs=jobs)
     if settings.baseline is not None:
         from qlint.ci.baseline import filter_new
 
@@ -48,29 +51,109 @@ def check(specs: Optional[Sequence[str]] = None, *, config: Union[str, Path, Non
     return report
 
 
-def analyse_configured(settings: Config, *, remedies: bool = False,
+def analyse_configured(settings: Config, *, remedies: bool = False, jobs: int = 1,
                        on_failure: Optional[Callable[[str, BaseException], None]] = None) -> Report:
     """Every configured model: its per-model settings, declared primitives, suppressions.
 
-    A model that cannot be loaded, traced or analysed does not stop the others: its
-    report is :meth:`ModelReport.failed` (verdict ``failed``; the CLI exits 2 after
-    writing every report) and ``on_failure(spec, exception)`` is called, e.g. to print
-    the traceback. Ctrl-C still stops the run.
+    A model whose inputs are unchanged is replayed from the result cache without torch
+    (:mod:`qlint.ci.cache`; ``settings.use_cache``); the others are analysed, ``jobs`` at a
+    time in worker processes, and stored. A model that cannot be loaded, traced or analysed
+    does not stop the others: its report is :meth:`ModelReport.failed` (verdict ``failed``;
+    the CLI exits 2 after writing every report) and ``on_failure(spec, exception)`` is
+    called, e.g. to print the traceback. Ctrl-C still stops the run.
     """
     from qlint.ci.suppress import apply_suppressions
-
     from qlint.loader import check_spec
 
-    models = []
-    for spec in settings.models:
+    cache = ResultCache(settings.cache_path()) if settings.use_cache else None
+    models: dict[int, ModelReport] = {}
+    pending: list[tuple[int, str]] = []
+    replayed: set[str] = set()
+    for index, spec in enumerate(settings.models):
         try:
             check_spec(spec)  # a missing file or a folder is reported without importing torch
-            models.append(_one(settings, spec, remedies=remedies))
-        except Exception as exc:  # noqa: BLE001  (one model's failure is reported, the run goes on)
-            if on_failure is not None:
-                on_failure(spec, exc)
-            models.append(ModelReport.failed(spec, failure_message(exc)))
-    return Report(apply_suppressions(models, settings))
+        except Exception as exc:  # noqa: BLE001
+            models[index] = _failed(spec, exc, on_failure)
+            continue
+        cached = cache.lookup(cache_key(cache, settings, spec, remedies)) if cache is not None else None
+        if cached is not None:
+            models[index] = cached
+            replayed.add(spec)
+        else:
+            pending.append((index, spec))
+    for (index, spec), outcome in zip(pending, _analyse_each(settings, [spec for _, spec in pending], remedies, jobs)):
+        models[index] = outcome if isinstance(outcome, ModelReport) else _failed(spec, outcome, on_failure)
+    return Report(apply_suppressions([models[i] for i in range(len(settings.models))], settings), from_cache=frozenset(replayed))
+
+
+def cache_key(cache: ResultCache, settings: Config, spec: str, remedies: bool) -> str:
+    """The cache key of one model's analysis: its effective options and declared primitives."""
+    from dataclasses import asdict
+
+    options = {**asdict(settings.options_for(spec)), "remedies": remedies, "primitives": settings.primitives}
+    return cache.key(spec, options)
+
+
+def analyse_one(settings: Config, spec: str, remedies: bool) -> ModelReport:
+    """Load, trace and analyse one model; stored in the cache (with the files it read) when enabled."""
+    if not settings.use_cache:
+        return _one(settings, spec, remedies=remedies)
+    with recording() as opened:
+        report = _one(settings, spec, remedies=remedies)
+    cache = ResultCache(settings.cache_path())
+    cache.store(cache_key(cache, settings, spec, remedies), report, read_files(opened))
+    return report
+
+
+def _analyse_each(settings: Config, specs: list[str], remedies: bool, jobs: int) -> Iterator[Union[ModelReport, BaseException]]:
+    """Each spec's report, or the exception that stopped it, in order; ``jobs`` worker processes
+    when there is more than one spec to analyse (spawned: torch must not be forked)."""
+    if jobs <= 1 or len(specs) <= 1:
+        for spec in specs:
+            try:
+                yield analyse_one(settings, spec, remedies)
+            except Exception as exc:  # noqa: BLE001  (one model's failure is reported, the run goes on)
+                yield exc
+        return
+    import multiprocessing
+    from concurrent.futures import ProcessPoolExecutor
+
+    with ProcessPoolExecutor(max_workers=min(jobs, len(specs)), mp_context=multiprocessing.get_context("spawn")) as pool:
+        futures = [pool.submit(_worker, settings, spec, remedies) for spec in specs]
+        try:
+            for future in futures:
+                yield future.result()
+        except BaseException:
+            for future in futures:
+                future.cancel()
+            raise
+
+
+def _worker(settings: Config, spec: str, remedies: bool) -> Union[ModelReport, BaseException]:
+    """:func:`analyse_one` in a worker process; a failure comes back as a picklable exception."""
+    import traceback
+
+    try:
+        return analyse_one(settings, spec, remedies)
+    except Exception as exc:  # noqa: BLE001
+        return WorkerFailure(failure_message(exc), "".join(traceback.format_exception(type(exc), exc, exc.__traceback__)))
+
+
+class WorkerFailure(QlintError):
+    """A model that failed in a worker process: its one-line message and its traceback as text."""
+
+    def __init__(self, message: str, traceback_text: str) -> None:
+        super().__init__(message)
+        self.traceback_text = traceback_text
+
+    def __reduce__(self) -> tuple:
+        return (WorkerFailure, (str(self), self.traceback_text))
+
+
+def _failed(spec: str, exc: BaseException, on_failure: Optional[Callable[[str, BaseException], None]]) -> ModelReport:
+    if on_failure is not None:
+        on_failure(spec, exc)
+    return ModelReport.failed(spec, failure_message(exc))
 
 
 def failure_message(exc: BaseException) -> str:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib.util
+import os
 import sys
 from pathlib import Path
 from types import ModuleType
@@ -11,6 +12,10 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 FIXTURES = ROOT / "fixtures"
+
+# The result cache stays out of the checkout and out of tests that do not test it (the
+# CLI subprocesses inherit this); tests/test_cache.py turns it on in their own folders.
+os.environ["QLINT_NO_CACHE"] = "1"
 
 
 def fixture_spec(name: str) -> str:

@@ -29,6 +29,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Iterable, Mapping, Optional, Sequence
 
+from qlint.ci.cache import CACHE_DIR_NAME
 from qlint.core.errors import QlintError
 from qlint.core.results import SEVERITY_RANK
 from qlint.core.toml import tomllib
@@ -162,6 +163,8 @@ class Config:
     per_model_ignores: dict[str, tuple[str, ...]] = field(default_factory=dict)  # normalised spec -> selectors
     primitives: dict[str, tuple[float, str]] = field(default_factory=dict)
     cli: ModelOverride = field(default_factory=ModelOverride)
+    cache_dir: Optional[Path] = None  # None: ROOT/.qlint_cache
+    use_cache: bool = True
 
     def describe(self) -> str:
         """The effective settings as ``--show-settings`` prints them (ruff's ``--show-settings``)."""
@@ -184,9 +187,14 @@ class Config:
             ("per-model-ignores", ", ".join(f"{k} = {list(v)}" for k, v in self.per_model_ignores.items()) or "none"),
             ("per-model", ", ".join(self.per_model) or "none"),
             ("primitives", ", ".join(f"{k} (q = {q:g})" for k, (q, _) in self.primitives.items()) or "none"),
+            ("cache", str(self.cache_path()) if self.use_cache else "off"),
         ]
         width = max(len(name) for name, _ in rows)
         return "\n".join(f"{name:<{width}}  {value}" for name, value in rows)
+
+    def cache_path(self) -> Path:
+        """Where the result cache lives (:mod:`qlint.ci.cache`)."""
+        return self.cache_dir if self.cache_dir is not None else self.root / CACHE_DIR_NAME
 
     # -- rules ---------------------------------------------------------------
 
@@ -253,13 +261,16 @@ class Config:
         input_shapes: Optional[Sequence[Any]] = None,
         output_format: Optional[str] = None,
         baseline: Optional[str | os.PathLike[str]] = None,
+        no_cache: Optional[bool] = None,
+        cache_dir: Optional[str | os.PathLike[str]] = None,
     ) -> Config:
         """A copy with command-line flags applied on top (None / empty = not given).
 
         ``models`` (the SPEC arguments) replace the file's ``models``; selector
         flags form a new selection layer (so ``--select QL101`` overrides the
         file's ``ignore = ["QL101"]``, and ``--ignore`` the file's ``select``);
-        the per-model flags override the per-model tables too.
+        the per-model flags override the per-model tables too. ``QLINT_NO_CACHE=1`` and
+        ``QLINT_CACHE_DIR`` stand in for ``no_cache`` and ``cache_dir`` when those are not given.
         """
         where = "command line"
         layer = RuleSelection(
@@ -287,7 +298,15 @@ class Config:
             ),
             baseline=self.baseline if baseline is None else Path(baseline),
             cli=cli,
+            use_cache=not (no_cache if no_cache is not None else _env_flag("QLINT_NO_CACHE")),
+            cache_dir=Path(cache_dir or os.environ["QLINT_CACHE_DIR"]).resolve()
+            if cache_dir or os.environ.get("QLINT_CACHE_DIR") else self.cache_dir,
         )
+
+
+def _env_flag(name: str) -> bool:
+    """An environment switch: set and not 0 / false / no / off."""
+    return os.environ.get(name, "").strip().lower() not in ("", "0", "false", "no", "off")
 
 
 # ---------------------------------------------------------------------------
@@ -404,8 +423,9 @@ def _absolute_paths(table: dict[str, Any], root: Path) -> dict[str, Any]:
     out = dict(table)
     if isinstance(out.get("models"), list):
         out["models"] = [spec(m) for m in out["models"]]
-    if isinstance(out.get("baseline"), str) and not Path(out["baseline"]).is_absolute():
-        out["baseline"] = str(root / out["baseline"])
+    for name in ("baseline", "cache-dir"):
+        if isinstance(out.get(name), str) and not Path(out[name]).is_absolute():
+            out[name] = str(root / out[name])
     for key in ("per-model", "per-model-ignores"):
         if isinstance(out.get(key), dict):
             out[key] = {spec(name): value for name, value in out[key].items()}
@@ -425,7 +445,7 @@ def _deep_merge(base: dict[str, Any], extra: Mapping[str, Any]) -> dict[str, Any
 TOP_KEYS = (
     "models", "select", "extend-select", "ignore", "fail-on", "threshold", "mode",
     "tracer", "device", "input-dtype", "input-shapes", "output-format", "baseline",
-    "per-block-ignores", "per-model-ignores", "per-model", "primitives",
+    "per-block-ignores", "per-model-ignores", "per-model", "primitives", "cache-dir",
 )  # fmt: skip  (and `extend`, read before validation)
 MODEL_KEYS = ("input-shapes", "input-dtype", "device", "mode", "tracer", "threshold")
 
@@ -475,6 +495,8 @@ def parse_config(
         cfg.output_format = _choice(get("output-format"), FORMATS, key("output-format"))
     if "baseline" in table:
         cfg.baseline = root / _nonempty_str(get("baseline"), key("baseline"))
+    if "cache-dir" in table:
+        cfg.cache_dir = (root / _nonempty_str(get("cache-dir"), key("cache-dir"))).resolve()
 
     if "per-block-ignores" in table:
         raw = get("per-block-ignores")

@@ -21,6 +21,7 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "coverage": ("coverage", "List the ops a model uses and whether the registry knows them."),
     "probe": ("probe", "Measure each block's growth exponent and the stability bounds."),
     "verify": ("verify", "Reproduce the reference experiments (training blow-ups vs q)."),
+    "clean": ("clean", "Remove the result cache (.qlint_cache)."),
 }
 
 

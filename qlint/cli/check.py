@@ -68,6 +68,11 @@ def _codes(values: tuple[str, ...]) -> Optional[list[str]]:
 @click.option("-v", "--verbose", is_flag=True, help="Also print, for each model, the tracer used, the tracers tried and the graph check.")
 @click.option("--show-settings", is_flag=True, help="Print the effective settings (config file, models, enabled rules) and exit.")
 @click.option("--add-noqa", is_flag=True, help="Append `# qlint: noqa: CODES` to the line of every finding in this repository, and exit 0.")
+@click.option("-j", "--jobs", type=click.IntRange(min=0), default=1, show_default=True,
+              help="Analyse this many models at once, in worker processes (0: one per CPU).")
+@click.option("--no-cache", is_flag=True, default=None, help="Neither read nor write the result cache (also QLINT_NO_CACHE=1).")
+@click.option("--cache-dir", type=click.Path(file_okay=False), default=None,
+              help="Keep the result cache here (default: .qlint_cache at the project root; also QLINT_CACHE_DIR).")
 @click.option("--traceback", "show_traceback", is_flag=True, help="Show the Python traceback of a failure.")
 def command(
     specs: tuple[str, ...],
@@ -98,6 +103,9 @@ def command(
     verbose: bool,
     show_settings: bool,
     add_noqa: bool,
+    jobs: int,
+    no_cache: Optional[bool],
+    cache_dir: Optional[str],
     show_traceback: bool,
 ) -> None:
     """Trace each SPEC (path/model.py:build_model or pkg.module:attr) and certify its blocks.
@@ -111,17 +119,18 @@ def command(
             select=_codes(select), extend_select=_codes(extend_select), ignore=_codes(ignore),
             fail_on=fail_on, threshold=threshold, mode=mode, tracer=tracer, device=device,
             input_dtype=input_dtype, input_shapes=list(input_shapes) or None,
-            output_format=output_format, baseline=baseline,
+            output_format=output_format, baseline=baseline, no_cache=no_cache, cache_dir=cache_dir,
         )  # fmt: skip
         if show_settings:
             click.echo(config.describe())
             sys.exit(0)
-        report = _analyse(config, remedies=show_remedies, show_traceback=show_traceback)
+        report = _analyse(config, remedies=show_remedies, show_traceback=show_traceback, jobs=jobs or os.cpu_count() or 1)
         if verbose:
             for model in report.models:
                 tried = "; ".join(model.extra.get("trace_attempts", [])) or "none before it"
+                replayed = "; replayed from the result cache" if model.spec in report.from_cache else ""
                 click.echo(f"qlint: {model.spec}: tracer {model.tracer or '-'} (failed before it: {tried}); "
-                           f"graph {model.extra.get('graph_check', '-')}", err=True)
+                           f"graph {model.extra.get('graph_check', '-')}{replayed}", err=True)
         if add_noqa:
             from qlint.ci.suppress import add_noqa as add
 
@@ -206,15 +215,19 @@ def _is_inline(arg: str) -> bool:
     return "=" in arg and not Path(arg).is_file()
 
 
-def _analyse(config: Any, *, remedies: bool, show_traceback: bool) -> Any:
+def _analyse(config: Any, *, remedies: bool, show_traceback: bool, jobs: int) -> Any:
     """Every model, each failure kept in the report (and its traceback printed with --traceback)."""
     from qlint.api import analyse_configured
 
     def print_traceback(spec: str, exc: BaseException) -> None:
-        if show_traceback:
+        if not show_traceback:
+            return
+        if hasattr(exc, "traceback_text"):  # raised in a --jobs worker process
+            click.echo(exc.traceback_text, err=True, nl=False)
+        else:
             traceback.print_exception(type(exc), exc, exc.__traceback__)
 
-    return analyse_configured(config, remedies=remedies, on_failure=print_traceback)
+    return analyse_configured(config, remedies=remedies, jobs=jobs, on_failure=print_traceback)
 
 
 def _write(report: Any, fmt: str, output_file: Optional[str], statistics: bool, show_derivation: bool, write_output: Any,

