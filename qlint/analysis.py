@@ -36,6 +36,7 @@ class Options:
     input_dtype: str = "float32"
     remedies: bool = False  # propose re-checked remedies for failing blocks (qlint.api attaches them)
     primitives: Mapping[type, Declared] = field(default_factory=dict)  # declared opaque modules
+    layer_reuse: bool = True  # export traces identical layers once (qlint.core.reuse); off: every layer traced
 
 
 def run(model: torch.nn.Module, inputs: Optional[tuple], *, spec: str, options: Options,
@@ -52,7 +53,7 @@ def run(model: torch.nn.Module, inputs: Optional[tuple], *, spec: str, options: 
             model.train(options.mode == "train")
         inputs = _on_model_device(model, inputs)
         if traced is None:
-            traced = capture(model, inputs, registry, prefer=options.tracer)
+            traced = capture(model, inputs, registry, prefer=options.tracer, reuse=options.layer_reuse)
         analysis = analyse(model, inputs, traced, registry, spec=spec, threshold=options.threshold)
         analysis.options = options
         analysis.report.findings = run_checks(analysis)

@@ -129,6 +129,8 @@ def command(
             for model in report.models:
                 tried = "; ".join(model.extra.get("trace_attempts", [])) or "none before it"
                 replayed = "; replayed from the result cache" if model.spec in report.from_cache else ""
+                if model.extra.get("layers_replayed"):
+                    replayed += f"; {model.extra['layers_replayed']} layer(s) copied from an identical traced one"
                 click.echo(f"qlint: {model.spec}: tracer {model.tracer or '-'} (failed before it: {tried}); "
                            f"graph {model.extra.get('graph_check', '-')}{replayed}", err=True)
         if add_noqa:

@@ -35,6 +35,7 @@ import torch.fx as fx
 
 from qlint.core.errors import QlintError
 
+from qlint.core import reuse as reuse_layers
 from qlint.core.ops import declared_name
 
 TRACERS = ("symbolic_trace", "export", "make_fx")
@@ -53,6 +54,7 @@ class TracedGraph:
     attempts: list[str] = field(default_factory=list)
     graph_check: str = "not compared: no example inputs"
     data_inputs: Optional[list[fx.Node]] = None
+    replayed: list[str] = field(default_factory=list)  # layers whose ops were copied from an identical one
 
     @property
     def graph(self) -> fx.Graph:
@@ -338,7 +340,26 @@ def tensor_outputs(model: torch.nn.Module) -> Iterator[None]:
         handle.remove()
 
 
-def _export(model: torch.nn.Module, inputs: tuple) -> fx.GraphModule:
+def _export(model: torch.nn.Module, inputs: tuple, *, reuse: bool = True) -> fx.GraphModule:
+    """torch.export (non-strict), identical layers traced once and copied (:mod:`qlint.core.reuse`)
+    unless ``reuse`` is off or reuse is abandoned, when the model is exported in full."""
+    groups = reuse_layers.find_groups(model) if reuse else []
+    if groups:
+        try:
+            with reuse_layers.recording(model, groups) as plan:
+                module = _exported_module(model, inputs)
+            reuse_layers.expand(module, model, plan)
+            reuse_layers.renumber(module)
+            module.meta["qlint_replayed"] = [name for group in plan.groups for name in group.replayed]
+            return module
+        except Exception:  # noqa: BLE001  (a poison read, an open region, an export error: trace in full)
+            pass
+    module = _exported_module(model, inputs)
+    reuse_layers.renumber(module)
+    return module
+
+
+def _exported_module(model: torch.nn.Module, inputs: tuple) -> fx.GraphModule:
     with tensor_outputs(model):
         program = torch.export.export(model, inputs, strict=False)
     if any(_mutates(node) for node in program.graph.nodes):
@@ -401,8 +422,10 @@ class _NoLeaves:
         return False
 
 
-def capture(model: torch.nn.Module, inputs: Optional[tuple], registry: Any = None, *, prefer: Optional[str] = None) -> TracedGraph:
+def capture(model: torch.nn.Module, inputs: Optional[tuple], registry: Any = None, *, prefer: Optional[str] = None,
+            reuse: bool = True) -> TracedGraph:
     """The first faithful graph: ``prefer`` first; a preferred tracer that fails is reported.
+    ``reuse``: export traces identical layers once (:mod:`qlint.core.reuse`).
 
     ``registry`` decides which nn modules symbolic_trace keeps as leaves (its module rules
     and user declarations); without one every module is traced through.
@@ -433,15 +456,22 @@ def capture(model: torch.nn.Module, inputs: Optional[tuple], registry: Any = Non
                 if name == "symbolic_trace":
                     module = _symbolic_trace(model, registry, inputs)
                 elif name == "export":
-                    module = _export(model, inputs)  # type: ignore[arg-type]
+                    module = _export(model, inputs, reuse=reuse)  # type: ignore[arg-type]
                 else:
                     module = _make_fx(model, inputs)  # type: ignore[arg-type]
-                check = compare_with_eager(model, module, inputs, shape_only=name == "symbolic_trace")
+                try:
+                    check = compare_with_eager(model, module, inputs, shape_only=name == "symbolic_trace")
+                except GraphMismatch:
+                    if not module.meta.get("qlint_replayed"):
+                        raise
+                    module = _export(model, inputs, reuse=False)  # the copied layers are not the model's: trace each
+                    check = compare_with_eager(model, module, inputs)
         except Exception as exc:  # every tracer failure is reported, none is fatal here
             attempts.append(f"{name}: {first_line(exc)}")
             errors.append((name, exc))
             continue
-        return TracedGraph(module=module, tracer=name, attempts=attempts, graph_check=check)
+        return TracedGraph(module=module, tracer=name, attempts=attempts, graph_check=check,
+                           replayed=list(module.meta.get("qlint_replayed", [])))
     raise TraceFailure(explain(model, errors, inputs is None))
 
 
