@@ -14,7 +14,7 @@ included, as a user sees it), so the ratios compare like with like on a noisy ma
 CPU time is user + sys of the child (wait4), which other people's work on a shared machine
 does not inflate; wall time is shown beside it. Medians over ``--repeat`` runs.
 
-    python bench/bench_speed.py [--repeat 1] [--quick]     # --quick: no 70B, no unrolled Mamba
+    python bench/bench_speed.py [--repeat 1] [--quick] [--models 70B]   # --quick: no 70B, no unrolled Mamba
 """
 
 from __future__ import annotations
@@ -123,8 +123,10 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeat", type=int, default=1, help="runs per figure (the median is shown)")
     parser.add_argument("--quick", action="store_true", help="skip the 70B config and the unrolled Mamba")
+    parser.add_argument("--models", default="", help="only the models whose label contains this text (e.g. 70B)")
     args = parser.parse_args()
-    models = {label: spec for label, spec in MODELS.items() if not (args.quick and label in SLOW)}
+    models = {label: spec for label, spec in MODELS.items()
+              if not (args.quick and label in SLOW) and args.models.lower() in label.lower()}
     rows, ratios, ends = [], {}, {}
     for label, spec in models.items():
         try:

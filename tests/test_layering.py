@@ -64,6 +64,9 @@ print(json.dumps({{"codes": [r.exit_code for r in results], "torch": "torch" in 
         ([["rules"]], [0]),
         ([["rules", "--json"]], [0]),
         ([["explain", "QL999"]], [2]),
+        ([["--version"]], [0]),
+        ([["clean", "--cache-dir", "/nonexistent/qlint-cache"]], [0]),
+        ([["no_such_file.py:build"], ["fixtures"], ["fixtures/toy.py:1bad"]], [2, 2, 2]),
     ],
 )
 def test_docs_and_rule_listings_do_not_import_torch(args, codes):

@@ -377,8 +377,7 @@ def expand(gm: fx.GraphModule, model: torch.nn.Module, plan: Plan) -> None:
         graph.erase_node(node)
     if any(node.target is REPLAY for node in graph.nodes if node.op == "call_function"):
         raise ReuseAbandoned("a replayed layer's representative left no ops in the graph")
-    graph.lint()
-    gm.recompile()
+    renumber(gm)
 
 
 def renumber(gm: fx.GraphModule) -> None:
@@ -394,8 +393,8 @@ def renumber(gm: fx.GraphModule) -> None:
                                  fx.map_arg(node.kwargs, env.__getitem__), name=name, type_expr=node.type)
         copy.meta = node.meta
         env[node] = copy
-    gm.graph = fresh
-    gm.recompile()
+    fresh.lint()
+    gm.graph = fresh  # the setter recompiles
 
 
 def _region(group: Group, marks: dict[str, fx.Node]) -> tuple[list[fx.Node], dict[int, fx.Node], dict[int, fx.Node]]:
@@ -458,11 +457,16 @@ def _copy_region(gm: fx.GraphModule, model: torch.nn.Module, group: Group, repla
             return _attribute(gm, model, member + node.target[len(group.representative):], node, attributes)
         return node
 
-    for node in region:
-        with graph.inserting_before(replay):
+    stacks: dict[tuple, dict] = {}
+    with graph.inserting_before(replay):
+        for node in region:
             copy = graph.node_copy(node, remap)
-        copy.meta = {**node.meta, "nn_module_stack": _renamed(node.meta.get("nn_module_stack") or {}, group.representative, member)}
-        env[node] = copy
+            stack = node.meta.get("nn_module_stack") or {}
+            key = tuple(stack.items())
+            if key not in stacks:
+                stacks[key] = _renamed(stack, group.representative, member)
+            copy.meta = {**node.meta, "nn_module_stack": stacks[key]}
+            env[node] = copy
     for user in list(replay.users):
         if user.op != "call_function" or user.target is not operator.getitem:
             raise ReuseAbandoned(f"`{member}`'s replay is used whole")

@@ -349,7 +349,6 @@ def _export(model: torch.nn.Module, inputs: tuple, *, reuse: bool = True) -> fx.
             with reuse_layers.recording(model, groups) as plan:
                 module = _exported_module(model, inputs)
             reuse_layers.expand(module, model, plan)
-            reuse_layers.renumber(module)
             module.meta["qlint_replayed"] = [name for group in plan.groups for name in group.replayed]
             return module
         except Exception:  # noqa: BLE001  (a poison read, an open region, an export error: trace in full)
