@@ -109,7 +109,7 @@ def test_a_same_size_edit_that_keeps_the_mtime_is_caught_by_content_while_racy(t
     mtime's resolution) is compared by content; older stat-equal files are trusted."""
     helper = tmp_path / "helper.py"
     helper.write_text(HELPER)
-    state = FileState.now(str(helper))
+    state = FileState.now("file", str(helper))
     stat = helper.stat()
     helper.write_text(HELPER.replace("self.fc(x) + 0", "self.fc(x) * x"))  # same size
     os.utime(helper, ns=(stat.st_atime_ns, stat.st_mtime_ns))
@@ -176,7 +176,7 @@ def test_jobs_lints_several_models_in_workers_and_merges_them_in_order(project):
 def test_file_state_is_a_miss_for_a_file_that_appears_or_vanishes(tmp_path):
     absent, present = tmp_path / "absent.json", tmp_path / "present.json"
     present.write_text("{}")
-    states = FileState.now(str(absent)), FileState.now(str(present))
+    states = FileState.now("file", str(absent)), FileState.now("file", str(present))
     written_at = time.time() + 10  # both recorded "just now": racy, so checked by content
     assert all(state.unchanged(written_at) for state in states)
     absent.write_text("{}")
@@ -192,11 +192,34 @@ def test_an_unreadable_entry_is_a_miss(tmp_path):
     assert cache.lookup(key) is None and cache.misses == 1
 
 
-def test_a_new_file_in_an_import_folder_invalidates_the_entry(project):
-    """The model's folder is searched by imports: a new file there (which might shadow a
-    module the model imports) changes its listing, so the entry is not trusted."""
+def test_a_new_module_in_an_import_folder_invalidates_the_entry_and_other_files_do_not(project):
+    """The model's folder is searched by imports: a new module there might shadow one the
+    model imports, so the entry is not trusted; a new data or report file is no module."""
     check(project)
+    (project / "notes.txt").write_text("not importable")
     assert check(project)[1]
-    (project / "notes.txt").write_text("unrelated, but the folder's names changed")
+    (project / "torch_helpers.py").write_text("# a module that might shadow an import\n")
     assert not check(project)[1]
     assert check(project)[1]
+    (project / "helper").mkdir()  # a package folder now shadows helper.py
+    assert not check(project)[1]
+
+
+def test_a_folder_the_factory_lists_is_checked_by_every_name(tmp_path):
+    (tmp_path / "checkpoints").mkdir()
+    (tmp_path / "checkpoints" / "a.pt").write_text("")
+    listed = FileState.now("folder", str(tmp_path / "checkpoints"))
+    searched = FileState.now("modules", str(tmp_path / "checkpoints"))
+    (tmp_path / "checkpoints" / "b.pt").write_text("")
+    assert not listed.unchanged(0.0) and searched.unchanged(0.0)
+
+
+def test_a_baseline_is_written_and_applied_afresh_on_replayed_reports(project):
+    (project / "helper.py").write_text(HELPER.replace("self.fc(x) + 0", "self.fc(x) ** 3"))
+    assert check(project)[0].returncode == 1
+    written = qlint(project, "model.py", "-v", "--write-baseline", "baseline.json")
+    assert written.returncode == 0 and "replayed from the result cache" in written.stderr
+    assert "2 finding(s)" in written.stderr
+    applied, replayed, report = check(project, "--baseline", "baseline.json")
+    assert replayed and applied.returncode == 0 and report["models"][0]["findings"] == []
+    assert {f["suppression"] for f in report["models"][0]["suppressed"]} == {"baseline"}

@@ -13,12 +13,15 @@ source of every module imported by the end of the run — the spec's file, the l
 helpers it imports, qlint's own modules, the libraries — and every file opened for
 reading meanwhile (a JSON config a factory reads, the rules catalogue), including
 the ones that did not exist (a file that appears later can change what a factory does),
-every folder listed, and every ``sys.path`` folder (the import system searches them, so a
-new module that would shadow an imported one is seen). A hit needs each file as it was: the
-same size and modification time, and, for a file modified within two seconds of the
-entry (git's "racily clean" case) or whose stat changed, the same content hash; and each
-folder with the same names (``__pycache__`` and the cache itself aside). Anything else is
-a miss, and the model is analysed again.
+every folder the factory listed, and every folder the import system searched (each
+``sys.path`` entry and package folder, so a new module that would shadow an imported one is
+seen). A hit needs each file as it was: the same size and modification time, and, for a
+file modified within two seconds of the entry (git's "racily clean" case) or whose stat
+changed, the same content hash; each folder the factory listed with the same names, and
+each folder the import system searched with the same importable names (packages and
+module files: a report or baseline written next to the model changes nothing), always
+without ``__pycache__`` and the cache itself. Anything else is a miss, and the model is
+analysed again.
 
 What is stored is the report before suppressions: rule selection, ``noqa`` comments and
 the baseline are applied afresh on every run. A model that failed is never stored. What
@@ -30,6 +33,7 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import importlib.machinery
 import json
 import os
 import pickle
@@ -45,11 +49,13 @@ from qlint._version import DISTRIBUTION, __version__
 from qlint.core.results import ModelReport
 
 CACHE_DIR_NAME = ".qlint_cache"
-FORMAT = 1  # bump when the entry layout or the report's classes change shape
+FORMAT = 2  # bump when the entry layout or the report's classes change shape
 VERSIONED = (DISTRIBUTION, "torch", "transformers", "timm")
 HASHED_UP_TO = 1 << 20  # larger files (shared libraries) are checked by size and mtime only
 RACY_SECONDS = 2.0
 _UNSEEN = ("/proc/", "/dev/", "/sys/")
+FILE, FOLDER, MODULES = "file", "folder", "modules"
+_IMPORTABLE = tuple(importlib.machinery.all_suffixes())
 
 _recorders: list[set[str]] = []
 _hook_installed = False
@@ -57,14 +63,17 @@ _hook_installed = False
 
 def _on_audit(event: str, args: tuple) -> None:
     """Every file opened for reading and every folder listed while a recorder is active
-    (``sys.addaudithook``); a folder is recorded with a trailing separator."""
+    (``sys.addaudithook``). The import system's listings are kept apart: for those only the
+    importable names count (a report written next to the model is no new module)."""
     if not _recorders or event not in ("open", "os.listdir", "os.scandir"):
         return
     if event != "open":
         folder = args[0] if args and args[0] is not None else "."
         if isinstance(folder, (str, bytes, os.PathLike)):
-            for opened in _recorders:
-                opened.add(os.path.join(os.path.abspath(os.fsdecode(folder)), ""))
+            caller = sys._getframe(1).f_code
+            kind = MODULES if caller.co_name == "_fill_cache" and "importlib" in caller.co_filename else FOLDER
+            for recorded in _recorders:
+                recorded.add((kind, os.path.abspath(os.fsdecode(folder))))
         return
     path, mode, flags = (tuple(args) + (None, None, None))[:3]
     if not isinstance(path, (str, bytes, os.PathLike)):
@@ -74,62 +83,63 @@ def _on_audit(event: str, args: tuple) -> None:
     if mode is None and isinstance(flags, int) and flags & (os.O_WRONLY | os.O_RDWR) == os.O_WRONLY:
         return
     name = os.path.abspath(os.fsdecode(path))
-    for opened in _recorders:
-        opened.add(name)
+    for recorded in _recorders:
+        recorded.add((FILE, name))
 
 
 @contextlib.contextmanager
-def recording() -> Iterator[set[str]]:
-    """Collect the files opened for reading in the block (modules are added by :func:`read_files`)."""
+def recording() -> Iterator[set[tuple[str, str]]]:
+    """Collect the files opened for reading and the folders listed in the block, as (kind, path)
+    (modules and ``sys.path`` are added by :func:`read_files`)."""
     global _hook_installed
     if not _hook_installed:
         sys.addaudithook(_on_audit)  # audit hooks cannot be removed; idle unless recording
         _hook_installed = True
-    opened: set[str] = set()
-    _recorders.append(opened)
+    recorded: set[tuple[str, str]] = set()
+    _recorders.append(recorded)
     try:
-        yield opened
+        yield recorded
     finally:
-        _recorders.remove(opened)
+        _recorders.remove(recorded)
 
 
-def read_files(opened: set[str]) -> list[str]:
-    """What an analysis depended on: ``opened`` (files, and folders ending in a separator),
-    the source of every module loaded now and the ``sys.path`` folders (listed before the
-    recording began, to import qlint)."""
-    files = set(opened) | {os.path.join(os.path.abspath(entry or "."), "") for entry in sys.path if os.path.isdir(entry or ".")}
+def read_files(recorded: set[tuple[str, str]]) -> list[tuple[str, str]]:
+    """What an analysis depended on: ``recorded``, the source of every module loaded now and
+    the ``sys.path`` folders (searched before the recording began, to import qlint)."""
+    found = set(recorded) | {(MODULES, os.path.abspath(entry or ".")) for entry in sys.path if os.path.isdir(entry or ".")}
     for module in list(sys.modules.values()):
         file = getattr(module, "__file__", None)
         if isinstance(file, str):
-            files.add(os.path.abspath(file))
-    return sorted(f for f in files if not f.startswith(_UNSEEN) and "__pycache__" not in f
-                  and (f.endswith(os.sep) or not os.path.isdir(f)))
+            found.add((FILE, os.path.abspath(file)))
+    return sorted((kind, path) for kind, path in found if not path.startswith(_UNSEEN) and "__pycache__" not in path
+                  and (kind != FILE or not os.path.isdir(path)))
 
 
 @dataclass(frozen=True)
 class FileState:
-    """A file as the analysis saw it (None for size when it did not exist), or a folder
-    (its path ends in a separator) and the digest of its names."""
+    """A file as the analysis saw it (None for size when it did not exist), or a folder and
+    the digest of its names (of its importable names for a folder the import system searched)."""
 
+    kind: str  # FILE, FOLDER or MODULES
     path: str
     size: Optional[int]
     mtime_ns: int
     digest: Optional[str]  # sha256 for files up to HASHED_UP_TO bytes; of the names for a folder
 
     @classmethod
-    def now(cls, path: str) -> "FileState":
-        if path.endswith(os.sep):
-            return cls(path, None, 0, _listing(path))
+    def now(cls, kind: str, path: str) -> "FileState":
+        if kind != FILE:
+            return cls(kind, path, None, 0, _listing(path, importable=kind == MODULES))
         try:
             stat = os.stat(path)
         except OSError:
-            return cls(path, None, 0, None)
-        return cls(path, stat.st_size, stat.st_mtime_ns, _digest(path) if stat.st_size <= HASHED_UP_TO else None)
+            return cls(kind, path, None, 0, None)
+        return cls(kind, path, stat.st_size, stat.st_mtime_ns, _digest(path) if stat.st_size <= HASHED_UP_TO else None)
 
     def unchanged(self, written_at: float) -> bool:
         """Is the file still as recorded? Stat first; content when the stat differs or is racy."""
-        if self.path.endswith(os.sep):
-            return _listing(self.path) == self.digest
+        if self.kind != FILE:
+            return _listing(self.path, importable=self.kind == MODULES) == self.digest
         try:
             stat = os.stat(self.path)
         except OSError:
@@ -142,10 +152,13 @@ class FileState:
         return self.digest is not None and _digest(self.path) == self.digest
 
 
-def _listing(folder: str) -> Optional[str]:
-    """The digest of a folder's names, without the ones qlint and Python write there."""
+def _listing(folder: str, *, importable: bool) -> Optional[str]:
+    """The digest of a folder's names, without the ones qlint and Python write there; with
+    ``importable`` only those an import could find (packages and module files)."""
     try:
-        names = sorted(n for n in os.listdir(folder) if n not in ("__pycache__", CACHE_DIR_NAME))
+        with os.scandir(folder) as entries:
+            names = sorted(e.name for e in entries if e.name not in ("__pycache__", CACHE_DIR_NAME)
+                           and (not importable or e.is_dir() or e.name.endswith(_IMPORTABLE)))
     except OSError:
         return None
     return hashlib.sha256("\0".join(names).encode()).hexdigest()
@@ -208,10 +221,11 @@ class ResultCache:
         self.hits += 1
         return entry["report"]
 
-    def store(self, key: str, report: ModelReport, files: list[str]) -> None:
+    def store(self, key: str, report: ModelReport, files: list[tuple[str, str]]) -> None:
         """Record ``report`` with the state of ``files``; a cache that cannot be written is skipped."""
+        own = str(self.directory.resolve())
         entry = {"format": FORMAT, "written_at": time.time(), "report": report,
-                 "files": [FileState.now(f) for f in files if not f.startswith(str(self.directory.resolve()))]}
+                 "files": [FileState.now(kind, path) for kind, path in files if not path.startswith(own)]}
         try:
             self._prepare()
             with tempfile.NamedTemporaryFile("wb", dir=self.directory / "entries", delete=False) as handle:

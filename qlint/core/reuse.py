@@ -23,7 +23,8 @@ formatting, truth, a C function taking it as a number, an attribute read) raises
 completes did not read them, so its ops do not depend on them. A poison passes
 ``isinstance(value, type(original))`` (it reports the original's class), so such a check takes
 the same branch as the real value; ``type(value) is ...`` and identity tests are the corners it
-does not cover. A poison that is read, a representative called twice, a replayed member whose
+does not cover, and so is a forward that reads mutable state outside the layer (a global, a
+shared config object) that the caller changes between the layers' calls. A poison that is read, a representative called twice, a replayed member whose
 ops escape the region (a tensor read from outside its arguments, a write to its inputs, a
 result used other than through its outputs) all abandon reuse: the model is exported again in
 full (:func:`qlint.core.trace.capture`). On real weights the graph check then runs the expanded
