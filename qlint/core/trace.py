@@ -517,9 +517,9 @@ def compare_with_eager(model: torch.nn.Module, module: fx.GraphModule, inputs: O
                 _compare_again(module, model, scaled, f"on the inputs scaled by {scale:g}", scaled=True)
             if not _shares_parameters(module, model):  # redrawing the model's would not redraw the graph's
                 raise GraphMismatch("the graph holds its own copy of the parameters: it cannot be checked with redrawn ones")
-            for redraw in _redraws(model, saved):
+            for redraw in _redraws(model, saved):  # each redraw overwrites every float parameter
                 _compare_again(module, model, inputs, f"with the parameters {redraw}")
-                _restore(model, saved)
+                _restore(model, saved, buffers_only=True)  # what the forward may have updated (BatchNorm's statistics)
     finally:
         _restore(model, saved)
         torch.random.set_rng_state(state)
@@ -581,9 +581,10 @@ def _state(model: torch.nn.Module) -> dict[str, torch.Tensor]:
     return {**dict(model.named_parameters()), **dict(model.named_buffers())}
 
 
-def _restore(model: torch.nn.Module, saved: dict[str, torch.Tensor]) -> None:
+def _restore(model: torch.nn.Module, saved: dict[str, torch.Tensor], *, buffers_only: bool = False) -> None:
+    state = dict(model.named_buffers()) if buffers_only else _state(model)
     with torch.no_grad():
-        for name, tensor in _state(model).items():
+        for name, tensor in state.items():
             tensor.copy_(saved[name])
 
 
@@ -602,11 +603,12 @@ def _redraws(model: torch.nn.Module, saved: dict[str, torch.Tensor]) -> Iterator
     parameters = [(p, saved[name]) for name, p in model.named_parameters() if p.is_floating_point()]
     if not parameters:
         return
+    with torch.no_grad():
+        spreads = [float(original.abs().max()) if original.numel() else 0.0 for _, original in parameters]
     for sign, label in ((1.0, "redrawn"), (-1.0, "negated and redrawn")):
         with torch.no_grad():
-            for parameter, original in parameters:  # in place, in the parameter's dtype: GPT-2's 124M in ~1 s
-                spread = float(original.abs().max()) if original.numel() else 0.0
-                parameter.normal_(generator=generator).mul_(0.1 * max(spread, 0.1)).add_(original, alpha=sign)
+            for (parameter, original), spread in zip(parameters, spreads):  # in place, in the parameter's dtype
+                parameter.normal_(0.0, 0.1 * max(spread, 0.1), generator=generator).add_(original, alpha=sign)
         yield label
 
 
