@@ -11,7 +11,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Callable, Iterable, Iterator, Mapping, Optional, Sequence, Union
 
-from qlint.ci.cache import ResultCache, read_files, recording
+from qlint.ci.cache import ResultCache, read_files
 from qlint.ci.config import Config, ConfigError, load_config
 from qlint.core.errors import QlintError
 from qlint.core.results import ModelReport, Report
@@ -67,7 +67,7 @@ def analyse_configured(settings: Config, *, remedies: bool = False, jobs: int = 
 
     cache = ResultCache(settings.cache_path()) if settings.use_cache else None
     models: dict[int, ModelReport] = {}
-    pending: list[tuple[int, str]] = []
+    pending: list[tuple[int, str, Optional[str]]] = []
     replayed: set[str] = set()
     for index, spec in enumerate(settings.models):
         try:
@@ -75,13 +75,15 @@ def analyse_configured(settings: Config, *, remedies: bool = False, jobs: int = 
         except Exception as exc:  # noqa: BLE001
             models[index] = _failed(spec, exc, on_failure)
             continue
-        cached = cache.lookup(cache_key(cache, settings, spec, remedies)) if cache is not None else None
+        key = cache_key(cache, settings, spec, remedies) if cache is not None else None  # before any model loads
+        cached = cache.lookup(key) if cache is not None and key is not None else None
         if cached is not None:
             models[index] = cached
             replayed.add(spec)
         else:
-            pending.append((index, spec))
-    for (index, spec), outcome in zip(pending, _analyse_each(settings, [spec for _, spec in pending], remedies, jobs)):
+            pending.append((index, spec, key))
+    outcomes = _analyse_each(settings, [(spec, key) for _, spec, key in pending], remedies, jobs)
+    for (index, spec, _), outcome in zip(pending, outcomes):
         models[index] = outcome if isinstance(outcome, ModelReport) else _failed(spec, outcome, on_failure)
     return Report(apply_suppressions([models[i] for i in range(len(settings.models))], settings), from_cache=frozenset(replayed))
 
@@ -94,24 +96,23 @@ def cache_key(cache: ResultCache, settings: Config, spec: str, remedies: bool) -
     return cache.key(spec, options)
 
 
-def analyse_one(settings: Config, spec: str, remedies: bool) -> ModelReport:
-    """Load, trace and analyse one model; stored in the cache (with the files it read) when enabled."""
-    if not settings.use_cache:
-        return _one(settings, spec, remedies=remedies)
-    with recording() as opened:
-        report = _one(settings, spec, remedies=remedies)
-    cache = ResultCache(settings.cache_path())
-    cache.store(cache_key(cache, settings, spec, remedies), report, read_files(opened))
+def analyse_one(settings: Config, spec: str, remedies: bool, key: Optional[str] = None) -> ModelReport:
+    """Load, trace and analyse one model; stored in the cache under ``key`` (computed by the run
+    before any model was loaded, since loading extends sys.path) with the files it read."""
+    report = _one(settings, spec, remedies=remedies)
+    if settings.use_cache and key is not None:
+        ResultCache(settings.cache_path()).store(key, report, read_files())
     return report
 
 
-def _analyse_each(settings: Config, specs: list[str], remedies: bool, jobs: int) -> Iterator[Union[ModelReport, BaseException]]:
+def _analyse_each(settings: Config, specs: list[tuple[str, Optional[str]]], remedies: bool,
+                  jobs: int) -> Iterator[Union[ModelReport, BaseException]]:
     """Each spec's report, or the exception that stopped it, in order; ``jobs`` worker processes
     when there is more than one spec to analyse (spawned: torch must not be forked)."""
     if jobs <= 1 or len(specs) <= 1:
-        for spec in specs:
+        for spec, key in specs:
             try:
-                yield analyse_one(settings, spec, remedies)
+                yield analyse_one(settings, spec, remedies, key)
             except Exception as exc:  # noqa: BLE001  (one model's failure is reported, the run goes on)
                 yield exc
         return
@@ -119,7 +120,7 @@ def _analyse_each(settings: Config, specs: list[str], remedies: bool, jobs: int)
     from concurrent.futures import ProcessPoolExecutor
 
     with ProcessPoolExecutor(max_workers=min(jobs, len(specs)), mp_context=multiprocessing.get_context("spawn")) as pool:
-        futures = [pool.submit(_worker, settings, spec, remedies) for spec in specs]
+        futures = [pool.submit(_worker, settings, spec, remedies, key) for spec, key in specs]
         try:
             for future in futures:
                 yield future.result()
@@ -129,12 +130,12 @@ def _analyse_each(settings: Config, specs: list[str], remedies: bool, jobs: int)
             raise
 
 
-def _worker(settings: Config, spec: str, remedies: bool) -> Union[ModelReport, BaseException]:
+def _worker(settings: Config, spec: str, remedies: bool, key: Optional[str]) -> Union[ModelReport, BaseException]:
     """:func:`analyse_one` in a worker process; a failure comes back as a picklable exception."""
     import traceback
 
     try:
-        return analyse_one(settings, spec, remedies)
+        return analyse_one(settings, spec, remedies, key)
     except Exception as exc:  # noqa: BLE001
         return WorkerFailure(failure_message(exc), "".join(traceback.format_exception(type(exc), exc, exc.__traceback__)))
 

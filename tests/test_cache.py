@@ -104,9 +104,9 @@ def test_editing_an_imported_helper_module_invalidates_the_entry(project):
     assert [b["q"] for b in report["models"][0]["blocks"]] == [3, 3]
 
 
-def test_a_same_size_edit_that_keeps_the_mtime_is_caught_by_content_while_racy(tmp_path):
-    """git's racily-clean case: a file modified within two seconds of the entry (or its
-    mtime's resolution) is compared by content; older stat-equal files are trusted."""
+def test_a_same_size_edit_that_keeps_the_mtime_is_caught_by_its_change_time_and_content(tmp_path):
+    """An edit that restores size and mtime still moves the change time (no tool can set it),
+    so the content decides, racy or not; the same content written back is unchanged."""
     helper = tmp_path / "helper.py"
     helper.write_text(HELPER)
     state = FileState.now("file", str(helper))
@@ -114,11 +114,11 @@ def test_a_same_size_edit_that_keeps_the_mtime_is_caught_by_content_while_racy(t
     helper.write_text(HELPER.replace("self.fc(x) + 0", "self.fc(x) * x"))  # same size
     os.utime(helper, ns=(stat.st_atime_ns, stat.st_mtime_ns))
     mtime = stat.st_mtime_ns / 1e9
-    assert not state.unchanged(written_at=mtime + 1.0)  # racy: the content decides
-    assert state.unchanged(written_at=mtime + 10.0)  # stat-equal and older than the entry: trusted, as git does
+    assert not state.unchanged(written_at=mtime + 1.0)  # racy
+    assert not state.unchanged(written_at=mtime + 10.0)  # old: the change time differs, the content decides
     helper.write_text(HELPER)
     os.utime(helper, ns=(stat.st_atime_ns, stat.st_mtime_ns))
-    assert state.unchanged(written_at=mtime + 1.0)
+    assert state.unchanged(written_at=mtime + 10.0)
 
 
 def test_a_data_file_the_factory_opened_invalidates_the_entry(project):
@@ -223,3 +223,60 @@ def test_a_baseline_is_written_and_applied_afresh_on_replayed_reports(project):
     applied, replayed, report = check(project, "--baseline", "baseline.json")
     assert replayed and applied.returncode == 0 and report["models"][0]["findings"] == []
     assert {f["suppression"] for f in report["models"][0]["suppressed"]} == {"baseline"}
+
+
+def test_every_model_of_a_run_replays_and_a_file_read_at_import_counts_for_all(project):
+    """Keys are taken before any model loads (loading one extends sys.path), and a file a
+    shared module reads when first imported belongs to every model of the run."""
+    (project / "shared.py").write_text('import json\nPOWER = json.load(open("power.json"))["power"]\n')
+    (project / "power.json").write_text('{"power": 1}')
+    (project / "two.py").write_text(MODEL.replace("return x + self.branch(x)", "import shared\n        return x + self.branch(x) ** shared.POWER")
+                                    .replace("def build_model():", "import shared\n\n\ndef first():\n    return build_model()\n\n\ndef build_model():"))
+    first = qlint(project, "two.py:first", "two.py:build_model", "-v", "--format", "json")
+    assert first.returncode == 0, first.stderr
+    again = qlint(project, "two.py:first", "two.py:build_model", "-v", "--format", "json")
+    assert again.stderr.count("replayed from the result cache") == 2
+    (project / "power.json").write_text('{"power": 3}')
+    changed = qlint(project, "two.py:first", "two.py:build_model", "-v", "--format", "json")
+    assert "replayed" not in changed.stderr and changed.returncode == 1
+
+
+def test_clean_and_the_cache_leave_folders_that_are_not_qlint_caches_alone(project):
+    (project / "src").mkdir()
+    (project / "src" / "keep.py").write_text("x = 1\n")
+    refused = qlint(project, "clean", "--cache-dir", "src")
+    assert refused.returncode == 2 and "not a qlint cache" in refused.stderr and (project / "src" / "keep.py").exists()
+    assert qlint(project, "model.py", "--cache-dir", "src").returncode == 0
+    assert sorted(p.name for p in (project / "src").iterdir()) == ["keep.py"]  # no .gitignore, no entries
+
+
+def test_a_cache_dir_that_prefixes_a_read_file_still_tracks_it(project):
+    (project / "model.py").write_text(MODEL.replace('open("width.json")', 'open("w.json")'))
+    (project / "w.json").write_text('{"width": 8}')
+    check(project, "--cache-dir", "w")
+    (project / "w.json").write_text('{"width": 16}')
+    assert not check(project, "--cache-dir", "w")[1]
+
+
+def test_a_large_file_replaced_with_a_same_size_one_keeping_its_mtime_is_a_miss(tmp_path):
+    """cp -p / rsync -a keep size and mtime; the inode and change time still differ."""
+    big = tmp_path / "ckpt.pt"
+    big.write_bytes(b"a" * (2 << 20))
+    state = FileState.now("file", str(big))
+    stat = big.stat()
+    other = tmp_path / "other.pt"
+    other.write_bytes(b"b" * (2 << 20))
+    os.utime(other, ns=(stat.st_atime_ns, stat.st_mtime_ns))
+    os.replace(other, big)
+    assert big.stat().st_size == stat.st_size and big.stat().st_mtime_ns == stat.st_mtime_ns
+    assert not state.unchanged(written_at=time.time() + 10)
+
+
+def test_a_file_edited_while_the_model_is_analysed_keeps_the_entry_out(project):
+    """The factory reads width.json, then the file changes (here the factory itself touches it)
+    before the analysis ends: what was analysed may not be what is on disk, so nothing is stored."""
+    (project / "model.py").write_text(MODEL.replace(
+        'width = json.load(handle)["width"]',
+        'width = json.load(handle)["width"]\n    open("width.json", "a").write(" ")'))
+    assert qlint(project, "model.py").returncode == 0
+    assert not list((project / ".qlint_cache").glob("entries/*.pickle"))

@@ -3,35 +3,41 @@
 Like ruff's and mypy's caches it lives in ``.qlint_cache/`` at the project root (the
 config file's folder, else the working directory; ``cache-dir`` / ``--cache-dir`` /
 ``QLINT_CACHE_DIR`` move it, ``--no-cache`` / ``QLINT_NO_CACHE=1`` turn it off, ``qlint
-clean`` empties it). An entry's key is everything the analysis reads that is not a file:
-the spec, the working directory, ``PYTHONPATH``, the effective analysis options (mode,
-tracer, device, threshold, input shapes and dtype, remedies, declared primitives), the
-Python version and the installed versions of qlint, torch, transformers and timm.
+clean`` empties it). An entry's key is everything the analysis reads that is not a file,
+taken before the model is loaded: the spec, the working directory, the interpreter
+(``sys.executable``, ``sys.prefix``, ``sys.path``), ``PYTHONPATH``, the effective analysis
+options (mode, tracer, device, threshold, input shapes and dtype, remedies, declared
+primitives), the Python version and the installed versions of qlint, torch, transformers
+and timm.
 
-The files are recorded while the model is loaded and analysed (:func:`recording`): the
-source of every module imported by the end of the run — the spec's file, the local
-helpers it imports, qlint's own modules, the libraries — and every file opened for
-reading meanwhile (a JSON config a factory reads, the rules catalogue), including
-the ones that did not exist (a file that appears later can change what a factory does),
-every folder the factory listed, and every folder the import system searched (each
-``sys.path`` entry and package folder, so a new module that would shadow an imported one is
-seen). A hit needs each file as it was: the same size and modification time, and, for a
-file modified within two seconds of the entry (git's "racily clean" case) or whose stat
-changed, the same content hash; each folder the factory listed with the same names, and
-each folder the import system searched with the same importable names (packages and
-module files: a report or baseline written next to the model changes nothing), always
-without ``__pycache__`` and the cache itself. Anything else is a miss, and the model is
-analysed again.
+The files are recorded from the moment this module is imported (an audit hook, so a file
+a helper module reads when it is first imported counts for every model of the run): every
+file opened for reading, including the ones that did not exist (a file that appears later
+can change what a factory does), next to each of them the weight files a loader may map
+into memory without ``open`` (``*.safetensors``, ``*.bin``, ``*.pt`` ...), the source of
+every module imported by the end of the run, every folder the factory listed, and every
+folder the import system searched (each ``sys.path`` entry and package folder, so a new
+module that would shadow an imported one is seen; a listed folder that is a ``sys.path``
+entry or a package counts as searched by imports). A hit needs each file as it was: the
+same size, modification time, inode and change time (which no tool can set back), or,
+for a file modified within two seconds of the entry (git's "racily clean" case) or
+whose stat changed, the same content hash (files up to 1 MiB); each folder the factory
+listed with the same names, and each folder the import system searched with the same
+importable names (packages and module files: a report or baseline written next to the
+model changes nothing), always without ``__pycache__`` and the cache itself. A file whose
+stat changed between its first opening and the end of the analysis is not trusted: the
+entry is not stored. Anything else is a miss, and the model is analysed again.
 
 What is stored is the report before suppressions: rule selection, ``noqa`` comments and
-the baseline are applied afresh on every run. A model that failed is never stored. What
-is not tracked: environment variables other than ``PYTHONPATH`` and files a factory reads
-without ``open`` (a memory map, a subprocess); ``--no-cache`` is the escape hatch.
+the baseline are applied afresh on every run. A model that failed is never stored. Not
+tracked: environment variables other than ``PYTHONPATH``, and files read without ``open``
+other than weight files next to an opened file (a subprocess's reads); ``--no-cache`` is
+the escape hatch. The cache only writes into, and ``qlint clean`` only removes, a folder
+marked by qlint's ``CACHEDIR.TAG`` (or a new one).
 """
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import importlib.machinery
 import json
@@ -43,37 +49,36 @@ import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterator, Optional
+from typing import Any, Optional
 
 from qlint._version import DISTRIBUTION, __version__
+from qlint.core.errors import QlintError
 from qlint.core.results import ModelReport
 
 CACHE_DIR_NAME = ".qlint_cache"
-FORMAT = 2  # bump when the entry layout or the report's classes change shape
+FORMAT = 3  # bump when the entry layout or the report's classes change shape
 VERSIONED = (DISTRIBUTION, "torch", "transformers", "timm")
 HASHED_UP_TO = 1 << 20  # larger files (shared libraries) are checked by size and mtime only
 RACY_SECONDS = 2.0
 _UNSEEN = ("/proc/", "/dev/", "/sys/")
+_LIBRARIES = tuple({os.path.join(p, "") for p in (sys.prefix, sys.base_prefix, sys.exec_prefix)})
 FILE, FOLDER, MODULES = "file", "folder", "modules"
 _IMPORTABLE = tuple(importlib.machinery.all_suffixes())
 
-_recorders: list[set[str]] = []
-_hook_installed = False
+_WEIGHTS = (".safetensors", ".bin", ".pt", ".pth", ".ckpt", ".npz", ".npy", ".h5", ".gguf", ".msgpack")
+_TAG = "Signature: 8a477f597d28d172789f06886806bc55\n# This file is a cache directory tag created by qlint.\n"
+_recorded: set[tuple[str, str]] = set()  # (kind, path) since this module was imported
+_first_stat: dict[str, Optional[tuple]] = {}  # a file's stat when it was first opened
 
 
 def _on_audit(event: str, args: tuple) -> None:
-    """Every file opened for reading and every folder listed while a recorder is active
-    (``sys.addaudithook``). The import system's listings are kept apart: for those only the
-    importable names count (a report written next to the model is no new module)."""
-    if not _recorders or event not in ("open", "os.listdir", "os.scandir"):
+    """Every file opened for reading and every folder listed (``sys.addaudithook``)."""
+    if event not in ("open", "os.listdir", "os.scandir"):
         return
     if event != "open":
         folder = args[0] if args and args[0] is not None else "."
         if isinstance(folder, (str, bytes, os.PathLike)):
-            caller = sys._getframe(1).f_code
-            kind = MODULES if caller.co_name == "_fill_cache" and "importlib" in caller.co_filename else FOLDER
-            for recorded in _recorders:
-                recorded.add((kind, os.path.abspath(os.fsdecode(folder))))
+            _recorded.add((FOLDER, os.path.abspath(os.fsdecode(folder))))
         return
     path, mode, flags = (tuple(args) + (None, None, None))[:3]
     if not isinstance(path, (str, bytes, os.PathLike)):
@@ -83,71 +88,85 @@ def _on_audit(event: str, args: tuple) -> None:
     if mode is None and isinstance(flags, int) and flags & (os.O_WRONLY | os.O_RDWR) == os.O_WRONLY:
         return
     name = os.path.abspath(os.fsdecode(path))
-    for recorded in _recorders:
-        recorded.add((FILE, name))
+    if (FILE, name) not in _recorded:
+        _recorded.add((FILE, name))
+        _first_stat[name] = _stat(name)
 
 
-@contextlib.contextmanager
-def recording() -> Iterator[set[tuple[str, str]]]:
-    """Collect the files opened for reading and the folders listed in the block, as (kind, path)
-    (modules and ``sys.path`` are added by :func:`read_files`)."""
-    global _hook_installed
-    if not _hook_installed:
-        sys.addaudithook(_on_audit)  # audit hooks cannot be removed; idle unless recording
-        _hook_installed = True
-    recorded: set[tuple[str, str]] = set()
-    _recorders.append(recorded)
-    try:
-        yield recorded
-    finally:
-        _recorders.remove(recorded)
+sys.addaudithook(_on_audit)  # cannot be removed; a set lookup per open
 
 
-def read_files(recorded: set[tuple[str, str]]) -> list[tuple[str, str]]:
-    """What an analysis depended on: ``recorded``, the source of every module loaded now and
-    the ``sys.path`` folders (searched before the recording began, to import qlint)."""
-    found = set(recorded) | {(MODULES, os.path.abspath(entry or ".")) for entry in sys.path if os.path.isdir(entry or ".")}
+def read_files() -> list[tuple[str, str]]:
+    """What the analyses of this process depended on: every file and folder recorded, the
+    weight files beside the opened files, the source of every module loaded now and the
+    ``sys.path`` folders (searched before the hook was installed, to import qlint)."""
+    searched = {os.path.abspath(entry or ".") for entry in sys.path if os.path.isdir(entry or ".")}
+    found = {(MODULES if kind == FOLDER and _searched_by_imports(path, searched) else kind, path) for kind, path in _recorded}
+    found |= {(MODULES, folder) for folder in searched}
     for module in list(sys.modules.values()):
         file = getattr(module, "__file__", None)
         if isinstance(file, str):
             found.add((FILE, os.path.abspath(file)))
+    for folder in {os.path.dirname(path) for kind, path in found if kind == FILE and not path.startswith(_LIBRARIES)}:
+        try:
+            with os.scandir(folder) as entries:
+                found.update((FILE, e.path) for e in entries if e.name.endswith(_WEIGHTS))
+        except OSError:
+            continue
     return sorted((kind, path) for kind, path in found if not path.startswith(_UNSEEN) and "__pycache__" not in path
                   and (kind != FILE or not os.path.isdir(path)))
 
 
+def _searched_by_imports(folder: str, searched: set[str]) -> bool:
+    """A ``sys.path`` folder or a package folder: imports list them (so does torch, looking for
+    CUDA libraries there), and what they find there are modules."""
+    return folder in searched or os.path.isfile(os.path.join(folder, "__init__.py"))
+
+
+def changed_since_opened(files: list[tuple[str, str]]) -> Optional[str]:
+    """A recorded file whose stat changed after it was first opened (edited during the run)."""
+    for kind, path in files:
+        if kind == FILE and path in _first_stat and _stat(path) != _first_stat[path]:
+            return path
+    return None
+
+
+def _stat(path: str) -> Optional[tuple]:
+    try:
+        stat = os.stat(path)
+    except OSError:
+        return None
+    return stat.st_size, stat.st_mtime_ns, stat.st_ino, stat.st_ctime_ns
+
+
 @dataclass(frozen=True)
 class FileState:
-    """A file as the analysis saw it (None for size when it did not exist), or a folder and
-    the digest of its names (of its importable names for a folder the import system searched)."""
+    """A file as the analysis saw it (no stat when it did not exist), or a folder and the
+    digest of its names (of its importable names for a folder the import system searched)."""
 
     kind: str  # FILE, FOLDER or MODULES
     path: str
-    size: Optional[int]
-    mtime_ns: int
+    stat: Optional[tuple]  # size, mtime_ns, inode, ctime_ns
     digest: Optional[str]  # sha256 for files up to HASHED_UP_TO bytes; of the names for a folder
 
     @classmethod
     def now(cls, kind: str, path: str) -> "FileState":
         if kind != FILE:
-            return cls(kind, path, None, 0, _listing(path, importable=kind == MODULES))
-        try:
-            stat = os.stat(path)
-        except OSError:
-            return cls(kind, path, None, 0, None)
-        return cls(kind, path, stat.st_size, stat.st_mtime_ns, _digest(path) if stat.st_size <= HASHED_UP_TO else None)
+            return cls(kind, path, None, _listing(path, importable=kind == MODULES))
+        stat = _stat(path)
+        return cls(kind, path, stat, _digest(path) if stat is not None and stat[0] <= HASHED_UP_TO else None)
 
     def unchanged(self, written_at: float) -> bool:
-        """Is the file still as recorded? Stat first; content when the stat differs or is racy."""
+        """Is it still as recorded? The whole stat first; the content when the stat differs or is racy."""
         if self.kind != FILE:
             return _listing(self.path, importable=self.kind == MODULES) == self.digest
-        try:
-            stat = os.stat(self.path)
-        except OSError:
-            return self.size is None
-        if self.size is None or stat.st_size != self.size:
+        stat = _stat(self.path)
+        if stat is None or self.stat is None:
+            return stat is None and self.stat is None
+        if stat[0] != self.stat[0]:
             return False
-        racy = self.mtime_ns / 1e9 >= written_at - RACY_SECONDS
-        if stat.st_mtime_ns == self.mtime_ns and not racy:
+        racy = max(self.stat[1], self.stat[3]) / 1e9 >= written_at - RACY_SECONDS
+        if stat == self.stat and not racy:
             return True
         return self.digest is not None and _digest(self.path) == self.digest
 
@@ -200,6 +219,7 @@ class ResultCache:
             "format": FORMAT,
             "spec": spec,
             "cwd": os.getcwd(),
+            "interpreter": [sys.executable, sys.prefix, list(sys.path)],
             "pythonpath": os.environ.get("PYTHONPATH", ""),
             "python": sys.version,
             "versions": installed_versions(),
@@ -221,23 +241,37 @@ class ResultCache:
         self.hits += 1
         return entry["report"]
 
-    def store(self, key: str, report: ModelReport, files: list[tuple[str, str]]) -> None:
-        """Record ``report`` with the state of ``files``; a cache that cannot be written is skipped."""
-        own = str(self.directory.resolve())
+    def store(self, key: str, report: ModelReport, files: list[tuple[str, str]]) -> bool:
+        """Record ``report`` with the state of ``files``; False (nothing stored) when a file changed
+        during the analysis, or the folder is not qlint's, or cannot be written."""
+        own = self.directory.resolve()
+        files = [(kind, path) for kind, path in files if not _inside(path, own)]
+        if changed_since_opened(files) is not None or not self._prepare():
+            return False
         entry = {"format": FORMAT, "written_at": time.time(), "report": report,
-                 "files": [FileState.now(kind, path) for kind, path in files if not path.startswith(own)]}
+                 "files": [FileState.now(kind, path) for kind, path in files]}
         try:
-            self._prepare()
             with tempfile.NamedTemporaryFile("wb", dir=self.directory / "entries", delete=False) as handle:
                 pickle.dump(entry, handle, protocol=pickle.HIGHEST_PROTOCOL)
             os.replace(handle.name, self._entry(key))
         except OSError:
-            return
+            return False
+        return True
+
+    def is_ours(self) -> bool:
+        """Does the folder carry the CACHEDIR.TAG qlint writes?"""
+        try:
+            return (self.directory / "CACHEDIR.TAG").read_text(encoding="utf-8") == _TAG
+        except OSError:
+            return False
 
     def clear(self) -> int:
-        """Remove the cache folder; the number of entries it held."""
-        if not self.directory.is_dir():
+        """Remove the cache folder; the number of entries it held. Raises CacheError for a folder
+        that is not a qlint cache (``--cache-dir src`` must not delete the sources)."""
+        if not self.directory.exists():
             return 0
+        if not self.is_ours():
+            raise CacheError(f"refusing to remove {self.directory}: it is not a qlint cache (no CACHEDIR.TAG written by qlint)")
         count = len(list((self.directory / "entries").glob("*.pickle")))
         shutil.rmtree(self.directory)
         return count
@@ -245,13 +279,27 @@ class ResultCache:
     def _entry(self, key: str) -> Path:
         return self.directory / "entries" / f"{key}.pickle"
 
-    def _prepare(self) -> None:
-        """The folder, marked as a cache for git (``.gitignore``) and backup tools (``CACHEDIR.TAG``)."""
-        (self.directory / "entries").mkdir(parents=True, exist_ok=True)
-        ignore = self.directory / ".gitignore"
-        if not ignore.exists():
-            ignore.write_text("# Automatically created by qlint.\n*\n", encoding="utf-8")
-            (self.directory / "CACHEDIR.TAG").write_text(
-                "Signature: 8a477f597d28d172789f06886806bc55\n# This file is a cache directory tag created by qlint.\n",
-                encoding="utf-8",
-            )
+    def _prepare(self) -> bool:
+        """The folder, marked as a cache for git (``.gitignore``) and backup tools (``CACHEDIR.TAG``);
+        False for an existing folder with other content (qlint writes no ``.gitignore`` there)."""
+        if self.directory.exists() and not self.is_ours() and any(self.directory.iterdir()):
+            return False
+        try:
+            (self.directory / "entries").mkdir(parents=True, exist_ok=True)
+            if not self.is_ours():
+                (self.directory / ".gitignore").write_text("# Automatically created by qlint.\n*\n", encoding="utf-8")
+                (self.directory / "CACHEDIR.TAG").write_text(_TAG, encoding="utf-8")
+        except OSError:
+            return False
+        return True
+
+
+def _inside(path: str, folder: Path) -> bool:
+    try:
+        return Path(path).resolve().is_relative_to(folder)
+    except (OSError, ValueError):
+        return False
+
+
+class CacheError(QlintError):
+    """A cache folder qlint will not touch."""

@@ -131,6 +131,8 @@ def command(
                 replayed = "; replayed from the result cache" if model.spec in report.from_cache else ""
                 if model.extra.get("layers_replayed"):
                     replayed += f"; {model.extra['layers_replayed']} layer(s) copied from an identical traced one"
+                if model.extra.get("layer_reuse_abandoned"):
+                    replayed += f"; identical layers traced one by one ({model.extra['layer_reuse_abandoned']})"
                 click.echo(f"qlint: {model.spec}: tracer {model.tracer or '-'} (failed before it: {tried}); "
                            f"graph {model.extra.get('graph_check', '-')}{replayed}", err=True)
         if add_noqa:

@@ -20,6 +20,6 @@ def command(cache_dir: str | None, config_file: str | None) -> None:
     with fail_cleanly():
         settings = configure(None, config=config_file, cache_dir=cache_dir)
         path = settings.cache_path()
-        removed = ResultCache(path).clear()
+        removed = ResultCache(path).clear()  # CacheError (exit 2) for a folder that is no qlint cache
         click.echo(f"qlint: removed {path} ({removed} entr{'y' if removed == 1 else 'ies'})" if removed or path.exists()
                    else f"qlint: no cache at {path}")

@@ -34,6 +34,7 @@ graph against the eager model, as for any trace.
 from __future__ import annotations
 
 import contextlib
+import functools
 import operator
 import re
 from dataclasses import dataclass, field
@@ -234,6 +235,10 @@ def _same(a: Any, b: Any) -> bool:
         return a == b
     if isinstance(a, (tuple, list)) and len(a) == len(b):
         return all(_same(x, y) for x, y in zip(a, b))
+    if isinstance(a, dict):
+        return a.keys() == b.keys() and all(_same(a[k], b[k]) for k in a)
+    if isinstance(a, functools.partial):  # transformers' activations: partial(F.gelu, approximate="tanh") per instance
+        return _same(a.func, b.func) and _same(a.args, b.args) and _same(a.keywords, b.keywords)
     return False
 
 

@@ -55,6 +55,7 @@ class TracedGraph:
     graph_check: str = "not compared: no example inputs"
     data_inputs: Optional[list[fx.Node]] = None
     replayed: list[str] = field(default_factory=list)  # layers whose ops were copied from an identical one
+    reuse_abandoned: str = ""  # why identical layers were traced one by one after all
 
     @property
     def graph(self) -> fx.Graph:
@@ -344,6 +345,7 @@ def _export(model: torch.nn.Module, inputs: tuple, *, reuse: bool = True) -> fx.
     """torch.export (non-strict), identical layers traced once and copied (:mod:`qlint.core.reuse`)
     unless ``reuse`` is off or reuse is abandoned, when the model is exported in full."""
     groups = reuse_layers.find_groups(model) if reuse else []
+    abandoned = ""
     if groups:
         try:
             with reuse_layers.recording(model, groups) as plan:
@@ -351,10 +353,11 @@ def _export(model: torch.nn.Module, inputs: tuple, *, reuse: bool = True) -> fx.
             reuse_layers.expand(module, model, plan)
             module.meta["qlint_replayed"] = [name for group in plan.groups for name in group.replayed]
             return module
-        except Exception:  # noqa: BLE001  (a poison read, an open region, an export error: trace in full)
-            pass
+        except Exception as exc:  # noqa: BLE001  (a poison read, an open region, an export error: trace in full)
+            abandoned = first_line(exc)
     module = _exported_module(model, inputs)
     reuse_layers.renumber(module)
+    module.meta["qlint_reuse_abandoned"] = abandoned
     return module
 
 
@@ -464,13 +467,15 @@ def capture(model: torch.nn.Module, inputs: Optional[tuple], registry: Any = Non
                     if not module.meta.get("qlint_replayed"):
                         raise
                     module = _export(model, inputs, reuse=False)  # the copied layers are not the model's: trace each
+                    module.meta["qlint_reuse_abandoned"] = "the graph check refuted the copied layers"
                     check = compare_with_eager(model, module, inputs)
         except Exception as exc:  # every tracer failure is reported, none is fatal here
             attempts.append(f"{name}: {first_line(exc)}")
             errors.append((name, exc))
             continue
         return TracedGraph(module=module, tracer=name, attempts=attempts, graph_check=check,
-                           replayed=list(module.meta.get("qlint_replayed", [])))
+                           replayed=list(module.meta.get("qlint_replayed", [])),
+                           reuse_abandoned=module.meta.get("qlint_reuse_abandoned", ""))
     raise TraceFailure(explain(model, errors, inputs is None))
 
 
