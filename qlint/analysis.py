@@ -47,7 +47,7 @@ def run(model: torch.nn.Module, inputs: Optional[tuple], *, spec: str, options: 
     re-check an edited copy. The model's mode is restored afterwards.
     """
     registry = default_registry().with_declared(dict(options.primitives))
-    was_training = model.training
+    modes = [(module, module.training) for module in model.modules()]  # per module: a layer may be in train mode alone
     try:
         if options.mode is not None:
             model.train(options.mode == "train")
@@ -59,7 +59,8 @@ def run(model: torch.nn.Module, inputs: Optional[tuple], *, spec: str, options: 
         analysis.report.findings = run_checks(analysis)
         analysis.report.anchors = class_paths(model, analysis.report)
     finally:
-        model.train(was_training)
+        for module, training in modes:
+            module.training = training
     return analysis
 
 

@@ -34,9 +34,14 @@ graph against the eager model, as for any trace.
 from __future__ import annotations
 
 import contextlib
+import dis
+import enum
 import functools
+import gc
 import operator
 import re
+import sys
+import types
 from dataclasses import dataclass, field
 from typing import Any, Iterator, Optional
 
@@ -136,6 +141,7 @@ class Group:
     in_constants: list[Any] = field(default_factory=list)  # the call's non-tensor leaves (None at tensors)
     in_metas: list[tuple] = field(default_factory=list)
     context: tuple = ()
+    state: Any = None  # the representative's readable state when it was called (:func:`_state`)
     out_spec: Any = None
     out_metas: list[tuple] = field(default_factory=list)
     out_positions: list[int] = field(default_factory=list)  # where the output's tensors sit among its leaves
@@ -171,19 +177,57 @@ def find_groups(model: torch.nn.Module) -> list[Group]:
             if structure is not None:
                 by_structure.setdefault(structure, []).append(f"{path}.{name}" if path else name)
         for names in by_structure.values():
-            if len(names) < 2:
-                continue
-            first = model.get_submodule(names[0])
-            members, differing = [], set()
-            for name in names[1:]:
-                found = _differing(first, model.get_submodule(name))
-                if found is not None:
-                    members.append(name)
-                    differing |= found
-            if members:
-                groups.append(Group(names[0], members, sorted(differing)))
-                claimed.update([names[0], *members])
+            while len(names) > 1:  # the layers a poison cannot cover form the next group (Gemma 2's two kinds)
+                first = model.get_submodule(names[0])
+                found = {name: _differing(first, model.get_submodule(name)) for name in names[1:]}
+                differing = set().union(*(f for f in found.values() if f))
+                if differing and _tests_types(first, {key for _, key in differing}):
+                    found = {name: f if not f else None for name, f in found.items()}  # type(v) / id(v) would see the poison
+                    differing = set()
+                members = [name for name, f in found.items() if f is not None]
+                if members:
+                    groups.append(Group(names[0], members, sorted(differing)))
+                    claimed.update([names[0], *members])
+                names = [name for name, f in found.items() if f is None]
     return groups
+
+
+def _tests_types(layer: torch.nn.Module, attributes: set[str]) -> bool:
+    """Does the code that names one of ``attributes`` (a method of the layer's classes), or any
+    function it names in turn, load the builtin ``type`` or ``id``? A poison cannot answer those
+    as its value would."""
+    work: list[tuple[types.CodeType, dict, type]] = []
+    for module in layer.modules():
+        for cls in type(module).__mro__:
+            if _torch_class(cls) or cls is object:
+                continue
+            for method in vars(cls).values():
+                if isinstance(method, types.FunctionType) and attributes & _names(method.__code__):
+                    work.append((method.__code__, method.__globals__, type(module)))
+    seen: set[int] = set()
+    while work:
+        code, scope, cls = work.pop()
+        if id(code) in seen:
+            continue
+        seen.add(id(code))
+        for instruction in dis.get_instructions(code):
+            if instruction.opname in ("LOAD_GLOBAL", "LOAD_NAME") and instruction.argval in ("type", "id") and instruction.argval not in scope:
+                return True
+        for name in code.co_names:
+            target = scope.get(name) if name in scope else getattr(cls, name, None)
+            if isinstance(target, types.FunctionType) and not (target.__module__ or "").startswith("torch"):
+                work.append((target.__code__, target.__globals__, cls))
+        work.extend((c, scope, cls) for c in code.co_consts if isinstance(c, types.CodeType))
+    return False
+
+
+def _names(code: types.CodeType) -> set[str]:
+    """The names a code object and the functions nested in it use."""
+    names = set(code.co_names)
+    for const in code.co_consts:
+        if isinstance(const, types.CodeType):
+            names |= _names(const)
+    return names
 
 
 def _shared(layer: torch.nn.Module, occurrences: dict[int, int]) -> bool:
@@ -220,10 +264,16 @@ def _differing(first: torch.nn.Module, other: torch.nn.Module) -> Optional[set[t
         for key, value in vars(module).items():
             if key in _MODULE_INTERNALS or _same(value, vars(twin)[key]):
                 continue
-            if _torch_class(type(module)):
+            if _torch_class(type(module)) or not _poisonable(value, vars(twin)[key]):
                 return None
             found.add((name, key))
     return found
+
+
+def _poisonable(a: Any, b: Any) -> bool:
+    """Can a poison stand for both values? Not when ``type(v) is ...`` or ``v is None`` / ``is True``
+    / an enum member could tell them apart: identity and type tests cannot be intercepted."""
+    return type(a) is type(b) and not any(v is None or v is Ellipsis or isinstance(v, (bool, enum.Enum)) for v in (a, b))
 
 
 def _same(a: Any, b: Any) -> bool:
@@ -231,6 +281,8 @@ def _same(a: Any, b: Any) -> bool:
         return True
     if type(a) is not type(b):
         return False
+    if isinstance(a, (float, complex)):
+        return repr(a) == repr(b)  # 0.0 and -0.0 differ (copysign tells them apart)
     if isinstance(a, _PLAIN):
         return a == b
     if isinstance(a, (tuple, list)) and len(a) == len(b):
@@ -257,6 +309,7 @@ def recording(model: torch.nn.Module, groups: list[Group]) -> Iterator[Plan]:
     """While exporting: representatives marked and poisoned, members replayed (restored afterwards)."""
     plan = Plan(groups, {m: g for g in groups for m in g.members})
     saved: list[tuple[torch.nn.Module, str, Any]] = []
+    poisons: list[_Poison] = []
     wrapped: list[torch.nn.Module] = []
     try:
         for group in groups:
@@ -264,7 +317,8 @@ def recording(model: torch.nn.Module, groups: list[Group]) -> Iterator[Plan]:
             for path, key in group.differing:
                 module = rep.get_submodule(path) if path else rep
                 saved.append((module, key, vars(module)[key]))
-                object.__setattr__(module, key, _Poison(vars(module)[key]))
+                poisons.append(_Poison(vars(module)[key]))
+                object.__setattr__(module, key, poisons[-1])
             rep.forward = _representative_forward(rep, group)  # type: ignore[method-assign]
             wrapped.append(rep)
             for name in group.members:
@@ -283,22 +337,34 @@ def recording(model: torch.nn.Module, groups: list[Group]) -> Iterator[Plan]:
             vars(module).pop("forward", None)
         for module, key, value in saved:
             object.__setattr__(module, key, value)
-        copied = _unpoison(model)
+        copied = _reclaim(poisons)
     if _READS:
         raise ReuseAbandoned(f"a layer attribute that differs between layers was read ({_READS[0]})")
     if copied:
-        raise ReuseAbandoned(f"a layer copied an attribute that differs between layers into `{copied}`")
+        raise ReuseAbandoned(f"a layer kept an attribute that differs between layers (in a {copied})")
 
 
-def _unpoison(model: torch.nn.Module) -> Optional[str]:
-    """Put back the original wherever a forward stored a poison (``self.i = self.layer_idx``); where, if anywhere."""
-    where = None
-    for path, module in model.named_modules():
-        for key, value in list(vars(module).items()):
-            if type(value) is _Poison:
-                object.__setattr__(module, key, object.__getattribute__(value, "_qlint_original"))
-                where = f"{path}.{key}" if path else key
-    return where
+def _reclaim(poisons: list[_Poison]) -> Optional[str]:
+    """Put the original back wherever a forward stored a poison (``self.i = self.layer_idx``,
+    ``LOG.append(self.layer_idx)``): a list, a dict, an object's ``__dict__``; what held one, if any.
+    Only ``poisons`` should refer to them now, which the reference count tells cheaply."""
+    if all(sys.getrefcount(p) <= 3 for p in poisons):  # the list, the loop variable, the argument
+        return None
+    held = None
+    for holder in gc.get_referrers(*poisons):
+        if holder is poisons or isinstance(holder, types.FrameType):
+            continue
+        if isinstance(holder, list):
+            holder[:] = [_original(v) for v in holder]
+        elif isinstance(holder, dict):
+            for key, value in list(holder.items()):
+                holder[key] = _original(value)
+        held = held or type(holder).__name__
+    return held or "an object qlint could not restore"
+
+
+def _original(value: Any) -> Any:
+    return object.__getattribute__(value, "_qlint_original") if type(value) is _Poison else value
 
 
 def _representative_forward(rep: torch.nn.Module, group: Group) -> Any:
@@ -312,6 +378,7 @@ def _representative_forward(rep: torch.nn.Module, group: Group) -> Any:
         group.in_constants = [None if isinstance(v, torch.Tensor) else v for v in leaves]
         group.in_metas = [_meta(v) for v in leaves if isinstance(v, torch.Tensor)]
         group.context = _context()
+        group.state = _state(rep, group)
         count = iter(range(len(leaves)))
         marked = [_mark(v, f"in:{group.representative}:{next(count)}") if isinstance(v, torch.Tensor) else v for v in leaves]
         args, kwargs = pytree.tree_unflatten(marked, group.in_spec)
@@ -333,6 +400,62 @@ def _representative_forward(rep: torch.nn.Module, group: Group) -> Any:
     return forward
 
 
+def _state(layer: torch.nn.Module, group: Group) -> list[tuple[str, str, Any]]:
+    """What the layer's forward can read besides its arguments and tensors, when it is called:
+    every plain attribute of its modules (not the poisoned ones), one level into the plain
+    objects they hold (a shared config, a context object a parent updates between calls), and
+    the globals its forwards name (a mode flag a parent sets before each call)."""
+    poisoned = set(group.differing)
+    rows: list[tuple[str, str, Any]] = []
+    for path, module in layer.named_modules(remove_duplicate=False):
+        for key, value in vars(module).items():
+            if key in _MODULE_INTERNALS or (key == "forward" and not path):  # our own wrapper
+                continue
+            if (path, key) in poisoned and type(value) is _Poison:
+                rows.append((path, key, _UNREAD))  # proven unread: any member's value will do
+            else:
+                rows.append((path, key, _shallow(value)))
+        forward = getattr(type(module).forward, "__code__", None)
+        scope = getattr(type(module).forward, "__globals__", {})
+        for name in forward.co_names if forward is not None else ():
+            if name in scope:
+                rows.append((f"{type(module).__module__}:", name, _shallow(scope[name])))
+    return rows
+
+
+def _shallow(value: Any) -> Any:
+    """A value, with the contents of a mutable container or plain object (one level) beside it."""
+    if isinstance(value, (dict, list, set)):
+        return _Held(value, list(value.items()) if isinstance(value, dict) else list(value))
+    if hasattr(value, "__dict__") and not isinstance(value, (torch.nn.Module, type, types.ModuleType, types.FunctionType,
+                                                           types.BuiltinFunctionType, functools.partial)):
+        return _Held(value, list(vars(value).items()))
+    return value
+
+
+def _same_state(member: list, representative: list) -> bool:
+    return len(member) == len(representative) and all(
+        x[:2] == y[:2] and (y[2] is _UNREAD or _same_held(x[2], y[2])) for x, y in zip(member, representative))
+
+
+def _same_held(a: Any, b: Any) -> bool:
+    """Equal values; a container or object held by both, with equal contents now."""
+    if isinstance(a, _Held) and isinstance(b, _Held):
+        if a.value is not b.value and not _same(a.value, b.value):
+            return False
+        return len(a.contents) == len(b.contents) and all(x is y or _same(x, y) for x, y in zip(a.contents, b.contents))
+    return not isinstance(a, _Held) and not isinstance(b, _Held) and _same(a, b)
+
+
+@dataclass
+class _Held:
+    value: Any
+    contents: list
+
+
+_UNREAD = object()
+
+
 def _member_forward(member: torch.nn.Module, name: str, group: Group) -> Any:
     original = type(member).forward.__get__(member)
 
@@ -341,7 +464,9 @@ def _member_forward(member: torch.nn.Module, name: str, group: Group) -> Any:
         tensors = [v for v in leaves if isinstance(v, torch.Tensor)]
         same = (group.calls == 1 and group.out_spec is not None and spec == group.in_spec and tensors
                 and [_meta(t) for t in tensors] == group.in_metas and _context() == group.context
-                and all(isinstance(v, torch.Tensor) or _same(v, c) for v, c in zip(leaves, group.in_constants)))
+                and all(isinstance(v, torch.Tensor) or (isinstance(v, _PLAIN) and _same(v, c))
+                        for v, c in zip(leaves, group.in_constants))
+                and _same_state(_state(member, group), group.state))
         if not same:
             return original(*args, **kwargs)  # traced for real
         group.replayed.append(name)
