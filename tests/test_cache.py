@@ -280,3 +280,17 @@ def test_a_file_edited_while_the_model_is_analysed_keeps_the_entry_out(project):
         'width = json.load(handle)["width"]\n    open("width.json", "a").write(" ")'))
     assert qlint(project, "model.py").returncode == 0
     assert not list((project / ".qlint_cache").glob("entries/*.pickle"))
+
+
+def test_weight_files_beside_an_opened_file_are_tracked(tmp_path):
+    """from_pretrained opens config.json and maps model.safetensors without `open`."""
+    from qlint.ci.cache import read_files
+
+    (tmp_path / "config.json").write_text("{}")
+    (tmp_path / "model.safetensors").write_bytes(b"\0" * 16)
+    (tmp_path / "notes.txt").write_text("")
+    with open(tmp_path / "config.json") as handle:
+        handle.read()
+    files = read_files()
+    assert ("file", str(tmp_path / "model.safetensors")) in files
+    assert ("file", str(tmp_path / "notes.txt")) not in files

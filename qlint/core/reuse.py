@@ -20,15 +20,23 @@ what may still differ are plain attributes of the layer's own (non-torch) module
 Hugging Face's ``self.layer_idx``. Those are replaced, in the representative only and only while
 it is traced, by a poison value whose every use (a comparison, arithmetic, hashing, indexing,
 formatting, truth, a C function taking it as a number, an attribute read) raises: a trace that
-completes did not read them, so its ops do not depend on them. A poison passes
+completes did not read them, so its ops do not depend on them (a read the forward catches still
+counts, and a poison it stored anywhere is taken back). A poison passes
 ``isinstance(value, type(original))`` (it reports the original's class), so such a check takes
-the same branch as the real value; ``type(value) is ...`` and identity tests are the corners it
-does not cover, and so is a forward that reads mutable state outside the layer (a global, a
-shared config object) that the caller changes between the layers' calls. A poison that is read, a representative called twice, a replayed member whose
-ops escape the region (a tensor read from outside its arguments, a write to its inputs, a
-result used other than through its outputs) all abandon reuse: the model is exported again in
-full (:func:`qlint.core.trace.capture`). On real weights the graph check then runs the expanded
-graph against the eager model, as for any trace.
+the same branch as the real value; what it cannot answer, identity and type tests, is kept
+out: values that ``is None`` / ``is True`` / an enum or a type could tell apart are never
+poisoned (such layers are grouped by equal values instead), nor are attributes named by code
+that loads ``type`` or ``id``. The state a forward can read beyond its own attributes is
+compared at every call: each member is replayed only when its plain attributes, the contents
+of the objects they hold (a shared config, a context a parent updates), the globals its
+forwards name and its non-tensor arguments (plain values only) equal the representative's at
+its call, and the grad and autocast modes too. What stays outside the argument: state reached
+two objects deep, or through a helper's globals, changed by the caller between layers.
+A poison that is read, a representative called twice, a replayed member whose ops escape the
+region (a tensor read from outside its arguments, a write to its inputs, a view of them as an
+output, a higher-order op, a tied weight) all abandon reuse: the model is exported again in
+full (:func:`qlint.core.trace.capture`), and ``qlint -v`` says why. On real weights the graph
+check then runs the expanded graph against the eager model, as for any trace.
 """
 
 from __future__ import annotations
