@@ -521,19 +521,20 @@ def expand(gm: fx.GraphModule, model: torch.nn.Module, plan: Plan) -> None:
 
 def renumber(gm: fx.GraphModule) -> None:
     """Name the ops densely in graph order (``linear``, ``linear_1``, ...; export skips the names of
-    the ops it removed), so that a graph with copied layers and a full trace read the same."""
+    the ops it removed), so that a graph with copied layers and a full trace read the same. The
+    names are reassigned in place from a fresh namespace; placeholders, attributes and the output
+    keep theirs (claimed first)."""
     graph = gm.graph
-    fresh = fx.Graph(owning_module=graph.owning_module, tracer_cls=graph._tracer_cls)
-    fresh._codegen = graph._codegen
-    env: dict[fx.Node, fx.Node] = {}
+    names = fx.graph._Namespace()
+    kept = [node for node in graph.nodes if node.op != "call_function"]
+    for node in kept:
+        names.create_name(node.name, node)
     for node in graph.nodes:
-        name = re.sub(r"_\d+$", "", node.name) if node.op == "call_function" else node.name
-        copy = fresh.create_node(node.op, node.target, fx.map_arg(node.args, env.__getitem__),
-                                 fx.map_arg(node.kwargs, env.__getitem__), name=name, type_expr=node.type)
-        copy.meta = node.meta
-        env[node] = copy
-    fresh.lint()
-    gm.graph = fresh  # the setter recompiles
+        if node.op == "call_function":
+            node.name = names.create_name(re.sub(r"_\d+$", "", node.name), node)
+    graph._graph_namespace = names
+    graph.lint()
+    gm.recompile()
 
 
 def _region(group: Group, marks: dict[str, fx.Node]) -> tuple[list[fx.Node], dict[int, fx.Node], dict[int, fx.Node]]:
