@@ -23,4 +23,4 @@ test: $(VENV)/.installed
 	$(PY) -m pytest
 
 bench: $(VENV)/.installed
-	$(PY) bench/bench_speed.py
+	$(PY) bench/bench_speed.py --repeat 3
