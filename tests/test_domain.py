@@ -12,6 +12,7 @@ growth under scaling.
 from __future__ import annotations
 
 import math
+import sys
 from fractions import Fraction
 
 import pytest
@@ -239,3 +240,12 @@ def test_unary_transfer_is_sound(primitive, fn, kind):
         return
     slope = math.log(max(float(large), 1e-300) / float(small)) / math.log(1e3)
     assert slope <= claimed.q + 0.05, f"{fn.__name__} grows like s^{slope:.2f}, claimed q = {claimed.q}"
+
+
+def test_the_reciprocal_of_a_subnormal_range_overflows_outward():
+    """1 / 2.2e-313 is beyond the largest float (found by hypothesis in CI): the lower end is
+    the largest float, not an exception, and the true reciprocals lie in the result."""
+    r = domain.Range(lo=1e-320, hi=2.2250738585e-313, pos=True)
+    result = domain.reciprocal(r)
+    assert result.lo == sys.float_info.max and result.hi == math.inf
+    assert holds(result, 1 / Fraction(2.2250738585e-313)) and holds(result, 1 / Fraction(1e-320))

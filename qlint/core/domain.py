@@ -233,8 +233,8 @@ def reciprocal(r: Range) -> Range:
     """1/x for x at least some c > 0 (``r.floor``): decreasing, so the ends swap and keep their openness."""
     lo = 1.0 / r.hi if r.hi < INF else 0.0
     hi = 1.0 / r.lo if r.lo > 0 else INF
-    lo_exact = r.hi == INF or Fraction(lo) * Fraction(r.hi) == 1
-    hi_exact = hi == INF or Fraction(hi) * Fraction(r.lo) == 1
+    lo_exact = r.hi == INF or (math.isfinite(lo) and Fraction(lo) * Fraction(r.hi) == 1)  # 1 / 2e-313 overflows
+    hi_exact = hi == INF or (math.isfinite(r.lo) and Fraction(hi) * Fraction(r.lo) == 1)
     return Range(lo=max(0.0, _outward(lo, lo_exact, down=True)), hi=_outward(hi, hi_exact, down=False), pos=True,
                  below=True, above=True, lo_open=r.hi == INF or (r.hi_open and lo_exact), hi_open=r.lo_open and hi_exact)
 
