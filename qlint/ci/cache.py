@@ -38,6 +38,7 @@ marked by qlint's ``CACHEDIR.TAG`` (or a new one).
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import importlib.machinery
 import json
@@ -191,6 +192,7 @@ def _digest(path: str) -> Optional[str]:
         return None
 
 
+@functools.lru_cache(maxsize=1)  # once per process, not once per spec
 def installed_versions() -> dict[str, Optional[str]]:
     """qlint's, torch's, transformers' and timm's installed versions, read without importing them."""
     from importlib.metadata import PackageNotFoundError, version

@@ -149,7 +149,7 @@ class Group:
     in_constants: list[Any] = field(default_factory=list)  # the call's non-tensor leaves (None at tensors)
     in_metas: list[tuple] = field(default_factory=list)
     context: tuple = ()
-    state: Any = None  # the representative's readable state when it was called (:func:`_state`)
+    state: Any = None  # the representative's readable state when it was called (:func:`_readable_state`)
     out_spec: Any = None
     out_metas: list[tuple] = field(default_factory=list)
     out_positions: list[int] = field(default_factory=list)  # where the output's tensors sit among its leaves
@@ -386,7 +386,7 @@ def _representative_forward(rep: torch.nn.Module, group: Group) -> Any:
         group.in_constants = [None if isinstance(v, torch.Tensor) else v for v in leaves]
         group.in_metas = [_meta(v) for v in leaves if isinstance(v, torch.Tensor)]
         group.context = _context()
-        group.state = _state(rep, group)
+        group.state = _readable_state(rep, group)
         count = iter(range(len(leaves)))
         marked = [_mark(v, f"in:{group.representative}:{next(count)}") if isinstance(v, torch.Tensor) else v for v in leaves]
         args, kwargs = pytree.tree_unflatten(marked, group.in_spec)
@@ -408,7 +408,7 @@ def _representative_forward(rep: torch.nn.Module, group: Group) -> Any:
     return forward
 
 
-def _state(layer: torch.nn.Module, group: Group) -> list[tuple[str, str, Any]]:
+def _readable_state(layer: torch.nn.Module, group: Group) -> list[tuple[str, str, Any]]:
     """What the layer's forward can read besides its arguments and tensors, when it is called:
     every plain attribute of its modules (not the poisoned ones), one level into the plain
     objects they hold (a shared config, a context object a parent updates between calls), and
@@ -474,7 +474,7 @@ def _member_forward(member: torch.nn.Module, name: str, group: Group) -> Any:
                 and [_meta(t) for t in tensors] == group.in_metas and _context() == group.context
                 and all(isinstance(v, torch.Tensor) or (isinstance(v, _PLAIN) and _same(v, c))
                         for v, c in zip(leaves, group.in_constants))
-                and _same_state(_state(member, group), group.state))
+                and _same_state(_readable_state(member, group), group.state))
         if not same:
             return original(*args, **kwargs)  # traced for real
         group.replayed.append(name)
