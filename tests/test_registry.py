@@ -42,10 +42,15 @@ def test_every_op_has_a_spelling_in_this_torch():
 
 
 def _aten_packets() -> Iterator[tuple[str, Any]]:
-    for key in REGISTRY.keys():
-        kind, target = key
-        if kind == "function" and isinstance(target, torch._ops.OpOverloadPacket):
-            yield REGISTRY.lookup("call_function", target).id, target
+    for kind, name in REGISTRY.keys():
+        if kind == "op" and name.startswith("aten::"):
+            packet = _packet(name)
+            yield REGISTRY.lookup("call_function", packet).id, packet
+
+
+def _packet(name: str) -> Any:
+    namespace, _, op = name.partition("::")
+    return getattr(getattr(torch.ops, namespace), op, None)
 
 
 def _argument_names(primitive_id: str) -> set[str]:
@@ -56,7 +61,9 @@ def _argument_names(primitive_id: str) -> set[str]:
         key = resolve(target)
         if key is None:
             continue
-        obj = key[1]
+        obj = _packet(key[1]) if key[0] == "op" else key[1]
+        if obj is None:
+            continue  # a library's custom op that is not loaded in this process
         if isinstance(obj, torch._ops.OpOverloadPacket):
             for overload in obj.overloads():
                 names |= {a.name for a in getattr(obj, overload)._schema.arguments}

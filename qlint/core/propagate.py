@@ -179,7 +179,7 @@ class GrowthProp(fx.Interpreter):
             return Growth(algebra.normalize(x.q), depends=True, range=r)
         if isinstance(relation, OwnSumRatio):
             x = leading(self.env[relation.numerator])
-            if x.real is True and (x.range.pos or (relation.eps and x.range.nonneg)) and x.known:
+            if x.real is True and (x.range.pos or ((relation.eps or relation.floored) and x.range.nonneg)) and x.known:
                 return Growth(0.0, depends=x.depends, range=domain.interval(0.0, 1.0))
             return computed
         if isinstance(relation, OwnMaxShift):

@@ -47,10 +47,16 @@ class Normalisation:
 
 @dataclass(frozen=True)
 class OwnSumRatio:
-    """``numerator / (sum of numerator over its group [+ eps])``: in [0, 1] when numerator > 0."""
+    """``numerator / (sum of numerator over its group [+ eps])``: in [0, 1] when numerator > 0.
+
+    ``floored``: the numerator is the k largest entries of a softmax over the summed dim (an
+    MoE router renormalising its top-k weights), so the sum holds the row's maximum, which
+    is at least 1/n for n entries: a non-negative numerator is enough.
+    """
 
     numerator: fx.Node
     eps: bool
+    floored: bool = False
 
 
 @dataclass(frozen=True)
@@ -477,7 +483,33 @@ def _own_sum_ratio(node: fx.Node) -> Optional[OwnSumRatio]:
         return None
     if strip(_arg(inner, "input")) is not numerator:
         return None
-    return OwnSumRatio(numerator, eps)
+    return OwnSumRatio(numerator, eps, floored=_largest_of_softmax(numerator, inner))
+
+
+_SOFTMAXES = ("softmax", "_softmax", "special_softmax", "softmin")  # not _safe_softmax: a masked row is all 0
+
+
+def _largest_of_softmax(values: fx.Node, total: fx.Node) -> bool:
+    """``topk(softmax(z, d), k, d).values`` summed over d alone: the sum includes each row's
+    largest softmax entry, e^{max z} / sum_j e^{z_j} >= 1/n."""
+    if not (_op_name(values) == "getitem" and facts(values).bound.arguments.get("index") == 0):
+        return False
+    top = strip(_arg(values, "input"))
+    if _op_name(top) != "topk" or _arg(top, "largest", True) is not True:
+        return False
+    weights = strip(_arg(top, "input"))
+    if _op_name(weights) not in _SOFTMAXES:
+        return False
+    dim = _single_dim(top, -1)
+    return dim is not None and dim == _single_dim(weights, None) and _dims(total) == frozenset([dim])
+
+
+def _single_dim(node: fx.Node, default: Any) -> Optional[int]:
+    """A one-dim argument ``dim`` normalised by the rank of the node's input."""
+    dim, shape = _arg(node, "dim", default), shape_of(_arg(node, "input"))
+    if not isinstance(dim, int) or isinstance(dim, bool) or shape is None:
+        return None
+    return dim % len(shape)
 
 
 def _own_max_shift(node: fx.Node) -> Optional[OwnMaxShift]:

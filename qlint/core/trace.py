@@ -35,6 +35,7 @@ import torch.fx as fx
 
 from qlint.core.errors import QlintError
 
+from qlint.core import hops
 from qlint.core import reuse as reuse_layers
 from qlint.core.ops import declared_name
 
@@ -364,12 +365,14 @@ def _export(model: torch.nn.Module, inputs: tuple, *, reuse: bool = True) -> fx.
 def _exported_module(model: torch.nn.Module, inputs: tuple) -> fx.GraphModule:
     with tensor_outputs(model):
         program = torch.export.export(model, inputs, strict=False)
-    if any(_mutates(node) for node in program.graph.nodes):
-        program = program.run_decompositions({})  # functionalise: writes through views become scatters
+    if any(_mutates(node) for node in program.graph.nodes) or hops.has_regions(program.graph):
+        program = program.run_decompositions({})  # functionalise (writes through views become scatters), inline regions
     try:
-        return program.module(check_guards=False)  # no `_guards_fn` call: the graph is analysed
+        module = program.module(check_guards=False)  # no `_guards_fn` call: the graph is analysed
     except TypeError:  # torch < 2.9
-        return program.module()
+        module = program.module()
+    hops.inline_bodies(module)
+    return module
 
 
 def _mutates(node: fx.Node) -> bool:
@@ -410,6 +413,7 @@ def _make_fx(model: torch.nn.Module, inputs: tuple) -> fx.GraphModule:
         gm.graph.erase_node(node)
     gm.graph._codegen = fx.graph.CodeGen()  # the remaining placeholders are the inputs, positionally
     gm.recompile()
+    hops.inline_bodies(gm)
     return gm
 
 

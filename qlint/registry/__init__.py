@@ -140,11 +140,15 @@ def declared_of(cls: type) -> Optional[Declared]:
 
 
 class Registry:
-    """Maps graph targets to primitives; one key scheme: the resolved target object.
+    """Maps graph targets to primitives; one key scheme: the resolved target.
 
-    ``("function", obj)`` for torch functions, ATen overload packets and Python
-    functions; ``("method", name)`` for Tensor methods; ``("module", cls)`` for the
-    few nn modules that are leaves (their forward cannot be traced through).
+    ``("op", "aten::add")`` for dispatcher ops, by their canonical qualified name, so every
+    overload (``aten.add.Tensor``, ``aten.add.Scalar``) and a custom op of a library that is
+    imported after the registry was built (``transformers::grouped_mm_fallback``) find one
+    entry; ``("function", obj)`` for torch functions and Python functions; ``("method",
+    name)`` for Tensor methods; ``("module", cls)`` for the few nn modules that are leaves
+    (their forward cannot be traced through). The function and method spellings of an op
+    are generated from its ATen name (:func:`spellings`), so they share its entry.
     """
 
     def __init__(self, primitives: Iterable[Primitive] = (), declared: Optional[dict[type, Declared]] = None) -> None:
@@ -186,9 +190,9 @@ class Registry:
     def lookup(self, op: str, target: Any) -> Optional[Primitive]:
         """The primitive for a node's (op, target), or None when it is unknown."""
         if op == "call_function":
-            packet = getattr(target, "overloadpacket", None)
+            name = op_name(target)
             try:
-                return self._by_key.get(("function", packet if packet is not None else target))
+                return self._by_key.get(("op", name) if name else ("function", target))
             except TypeError:
                 return None
         if op == "call_method":
@@ -208,6 +212,13 @@ class Registry:
 
     def keys(self) -> Iterable[tuple[str, Any]]:
         return self._by_key.keys()
+
+
+def op_name(target: Any) -> Optional[str]:
+    """``"aten::add"`` for a dispatcher op (an overload or its packet), else None."""
+    packet = getattr(target, "overloadpacket", target)
+    name = getattr(packet, "_qualified_op_name", None)
+    return name if isinstance(name, str) else None
 
 
 def _torch_method(name: Any) -> bool:
@@ -236,8 +247,11 @@ def resolve(target: str) -> Optional[tuple[str, Any]]:
         import torch
 
         namespace, _, name = target.removeprefix("torch.ops.").partition(".")
-        packet = getattr(getattr(torch.ops, namespace), name, None) if namespace else None
-        return None if packet is None else ("function", packet)
+        if not namespace or not name or "." in name:
+            return None
+        if namespace == "aten" and getattr(torch.ops.aten, name, None) is None:
+            return None  # a conventional spelling this torch lacks; other libraries register theirs on import
+        return ("op", f"{namespace}::{name}")
     parts = target.split(".")
     for split in range(len(parts) - 1, 0, -1):
         try:
@@ -377,4 +391,4 @@ def _range(value: Any) -> Any:
     return value
 
 
-__all__ = ["Declared", "Primitive", "Registry", "default", "declared_of", "entries", "register", "resolve", "rules_dir", "spellings"]
+__all__ = ["Declared", "Primitive", "Registry", "default", "declared_of", "entries", "op_name", "register", "resolve", "rules_dir", "spellings"]

@@ -815,6 +815,23 @@ def matmul(call: Call, entry: Any) -> Any:
     return combine_max(product, bias) if bias is not None else product
 
 
+@transfer("grouped_mm")
+def grouped_mm(call: Call, entry: Any) -> Any:
+    """Mixture-of-experts dispatch: row r of the output is row r of the input times the weight
+    of the expert whose group holds r (``offs``: cumulative row counts), plus that expert's bias.
+    So ||out_r|| <= max_e ||W_e|| ||in_r|| + max_e ||b_e|| whatever ``offs`` is: the offsets
+    choose a weight and never scale (Theorem 9(iii) for the product, (ii) for the bias), and a
+    weight computed from the input makes it bilinear (the exponents add). Rows past offs[-1]
+    are zeros in transformers' fallback; torch's kernel leaves them unwritten, which MoE layers
+    never read (they build offs from the count of every routed row)."""
+    operands = [g for name in ("self", "mat_a", "input", "mat2", "mat_b", "weight") if (g := call.growth(name)) is not None]
+    call.meta("offs")
+    call.accept_params()
+    product = combine_product(*operands)
+    bias = call.growth("bias")
+    return combine_max(product, bias) if bias is not None else product
+
+
 @transfer("affine")
 def affine(call: Call, entry: Any) -> Any:
     """Table 1: x -> W x + b (Linear, convolutions: a Toeplitz W) with ||Wx + b|| <=
