@@ -6,8 +6,9 @@ its velocity grows at most linearly, ||v(x)|| <= c*||x||**q + b with q <= 1.
 The public API is imported lazily so that ``qlint --help`` does not import torch:
 ``qlint.check(specs)`` and ``qlint.analyze(model, inputs)`` (:mod:`qlint.api`, the same
 configuration as the command line), ``qlint.register(cls, q=..., why=...)``
-(:mod:`qlint.registry`) and ``qlint.remedy(...)`` (:mod:`qlint.remedies`). Probes are in
-the :mod:`qlint.probe` package.
+(:mod:`qlint.registry`), ``qlint.remedy(...)`` (:mod:`qlint.remedies`) and
+``qlint.monitor(model, inputs)`` (:mod:`qlint.monitor`: stream norms and block gains during
+training). Probes are in the :mod:`qlint.probe` package.
 """
 
 from __future__ import annotations
@@ -16,17 +17,19 @@ from typing import TYPE_CHECKING, Any
 
 from qlint._version import __version__
 
-__all__ = ["__version__", "analyze", "check", "register", "remedy"]
+__all__ = ["__version__", "analyze", "check", "monitor", "register", "remedy"]
 
 _LAZY = {
     "analyze": "qlint.api",
     "check": "qlint.api",
+    "monitor": "qlint.monitor",
     "register": "qlint.registry",
     "remedy": "qlint.remedies",
 }
 
 if TYPE_CHECKING:  # pragma: no cover
     from qlint.api import analyze, check
+    from qlint.monitor import monitor
     from qlint.registry import register
     from qlint.remedies import remedy
 

@@ -8,6 +8,9 @@ gate is sigmoid(z), so the block is q = 1 without any norm layer.
 
 The scan is a Python loop over time, as Mamba is usually written:
 ``torch.fx.symbolic_trace`` cannot trace it, ``torch.export`` (non-strict) unrolls it.
+``scan="chunked"`` computes the same recurrence as a parallel prefix scan
+(:func:`scan_chunked`): the same Euler ΔB̄x inputs, log-depth over time instead of one
+step per time step, equal to the loop within float rounding.
 """
 import math
 
@@ -17,15 +20,65 @@ from torch import nn
 
 from qlint.zoo import Forecaster, NormedBranch, example_inputs, make_norm, norm_kinds
 
-__all__ = ["MambaMixer", "MambaBlock", "MambaForecaster", "build", "example_inputs"]
+__all__ = ["MambaMixer", "MambaBlock", "MambaForecaster", "build", "example_inputs", "scan_chunked", "SCANS"]
+
+SCANS = ("loop", "chunked")
+"""How the mixer runs its recurrence: the Python loop over time, or :func:`scan_chunked`."""
+
+
+def _affine_scan(a: torch.Tensor, b: torch.Tensor, dim: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """All prefixes of h_t = a_t h_{t-1} + b_t along ``dim`` from h = 0: (prod_{s<=t} a_s, h_t).
+
+    Hillis-Steele: after the round with offset d, position t holds the composition of
+    the maps t-2d+1..t, combined as (a, b) after (a', b') = (a a', a b' + b), so
+    ceil(log2 n) rounds of whole-tensor products and sums replace n steps. Only
+    products of the a's and sums of b's scaled by them occur, no division and no
+    log, so a in [0, 1] (Ā = exp(Δ·A), A < 0) keeps every factor in [0, 1].
+    """
+    n = a.shape[dim]
+    offset = 1
+    while offset < n:
+        a_before = torch.cat([torch.ones_like(a.narrow(dim, 0, offset)), a.narrow(dim, 0, n - offset)], dim)
+        b_before = torch.cat([torch.zeros_like(b.narrow(dim, 0, offset)), b.narrow(dim, 0, n - offset)], dim)
+        b = a * b_before + b
+        a = a * a_before
+        offset *= 2
+    return a, b
+
+
+def scan_chunked(dA: torch.Tensor, dBx: torch.Tensor, C: torch.Tensor, chunk: int = 16) -> torch.Tensor:
+    """:meth:`MambaMixer.scan` as a blocked prefix scan: equal within float rounding.
+
+    Time is cut into chunks of ``chunk`` steps (the tail padded with the identity map
+    Ā = 1, B̄x = 0); each chunk is scanned in parallel from h = 0 (:func:`_affine_scan`),
+    the chunks' end states are scanned the same way across chunks, and each chunk adds
+    its entry state carried by its cumulative Ā. Same inputs, so the velocity's
+    exponent is the loop's (q = 5 for the native block): the state is a sum of
+    B̄x terms scaled by products of Ā in [0, 1].
+    """
+    batch, length = dBx.shape[:2]
+    pad = -length % chunk
+    if pad:
+        dA = torch.cat([dA, dA.new_ones(batch, pad, *dA.shape[2:])], 1)
+        dBx = torch.cat([dBx, dBx.new_zeros(batch, pad, *dBx.shape[2:])], 1)
+    blocks = (length + pad) // chunk
+    decay, local = _affine_scan(dA.reshape(batch, blocks, chunk, *dA.shape[2:]),
+                                dBx.reshape(batch, blocks, chunk, *dBx.shape[2:]), dim=2)
+    _, ends = _affine_scan(decay[:, :, -1], local[:, :, -1], dim=1)   # h at the end of each chunk
+    entry = torch.cat([torch.zeros_like(ends[:, :1]), ends[:, :-1]], 1)  # h entering each chunk
+    h = (local + decay * entry[:, :, None]).reshape(batch, length + pad, *dBx.shape[2:])[:, :length]
+    return (h * C[:, :, None, :]).sum(-1)
 
 
 class MambaMixer(nn.Module):
-    """Selective SSM mixer, (batch, seq, d_model) -> (batch, seq, d_model)."""
+    """Selective SSM mixer, (batch, seq, d_model) -> (batch, seq, d_model); ``scan`` is one of :data:`SCANS`."""
 
     def __init__(self, d_model: int, d_state: int = 8, d_conv: int = 4, expand: int = 2,
-                 dt_rank: int | None = None, linear_growth: bool = False):
+                 dt_rank: int | None = None, linear_growth: bool = False, scan: str = "loop"):
         super().__init__()
+        if scan not in SCANS:
+            raise ValueError(f"unknown scan {scan!r}; expected one of {SCANS}")
+        self.scan_mode = scan
         d_inner = expand * d_model
         self.d_state = d_state
         self.dt_rank = dt_rank or math.ceil(d_model / 16)
@@ -57,7 +110,7 @@ class MambaMixer(nn.Module):
         A = -torch.exp(self.A_log)                           # (d_inner, d_state), A < 0
         dA = torch.exp(dt[..., None] * A)                    # Ā: (batch, seq, d_inner, d_state)
         dBx = dt[..., None] * B[:, :, None, :] * x[..., None]  # B̄x: same shape
-        y = self.scan(dA, dBx, C) + self.D * x
+        y = (self.scan if self.scan_mode == "loop" else scan_chunked)(dA, dBx, C) + self.D * x
         gate = torch.sigmoid(z) if self.linear_growth else F.silu(z)
         return self.out_proj(y * gate)
 

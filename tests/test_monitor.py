@@ -1,0 +1,285 @@
+"""qlint.monitor: per-block stream norms and gains on a fixed batch, the overflow warning, and the
+Hugging Face Trainer / Lightning callbacks run for real on tiny models."""
+
+from __future__ import annotations
+
+import math
+import os
+import subprocess
+import sys
+import warnings
+
+import pytest
+import torch
+from torch import nn
+
+import qlint
+from conftest import ROOT
+from qlint.monitor import MonitorError, StreamMonitor, overflow_depth
+
+
+class Scaled(nn.Module):
+    """x + a x: the gain ||v(sx)|| / ||sx|| is a at every s."""
+
+    def __init__(self, a: float) -> None:
+        super().__init__()
+        self.a = nn.Parameter(torch.tensor(a))
+
+    def forward(self, x):
+        return x + self.a * x
+
+
+class Cubic(nn.Module):
+    """x + x^3 (elementwise): the gain at 4x is 16 times the gain at x."""
+
+    def forward(self, x):
+        return x + x * x * x
+
+
+class DroppedScaled(Scaled):
+    def __init__(self, a: float) -> None:
+        super().__init__(a)
+        self.drop = nn.Dropout(0.5)
+
+    def forward(self, x):
+        return x + self.a * self.drop(x)
+
+
+class Stack(nn.Module):
+    def __init__(self, *layers: nn.Module) -> None:
+        super().__init__()
+        self.layers = nn.ModuleList(layers)
+
+    def forward(self, x):
+        for layer in self.layers:
+            x = layer(x)
+        return x
+
+
+def _rows(x: torch.Tensor) -> torch.Tensor:
+    return x.double().reshape(x.shape[0], -1).norm(dim=1)
+
+
+def test_records_are_the_exact_gains_of_hand_built_blocks():
+    x = torch.randn(5, 3, generator=torch.Generator().manual_seed(0))
+    logged = []
+    mon = qlint.monitor(Stack(Scaled(0.5), Cubic(), Scaled(2.0)), (x,), log=logged.append)
+    assert mon.blocks == ["layers.0", "layers.1", "layers.2"]
+    records = mon.measure(step=7)
+    assert logged == records == mon.records
+    assert [set(r) for r in records] == [{"step", "block", "stream_norm", "gain"}] * 3
+    assert [r["step"] for r in records] == [7, 7, 7] and [set(r["gain"]) for r in records] == [{"1", "4"}] * 3
+    first, cubic, last = records
+    assert first["stream_norm"] == pytest.approx(float(_rows(x).max()), rel=1e-6)
+    assert first["gain"] == pytest.approx({"1": 0.5, "4": 0.5}, rel=1e-6)
+    stream = 1.5 * x.double()  # x + 0.5 x
+    assert cubic["stream_norm"] == pytest.approx(float(_rows(stream).max()), rel=1e-6)
+    for s in (1.0, 4.0):
+        expected = float((_rows((s * stream) ** 3) / _rows(s * stream)).max())
+        assert cubic["gain"][f"{s:g}"] == pytest.approx(expected, rel=1e-5)
+    assert cubic["gain"]["4"] == pytest.approx(16 * cubic["gain"]["1"], rel=1e-5)
+    assert last["gain"] == pytest.approx({"1": 2.0, "4": 2.0}, rel=1e-6)
+
+
+def test_step_measures_every_n_calls_and_scales_are_chosen():
+    x = torch.randn(2, 4)
+    mon = qlint.monitor(Stack(Scaled(0.25), Scaled(0.25)), x, every=2, scales=(1, 2, 8))
+    assert [mon.step() for _ in range(5)].count(None) == 3
+    assert [(r["step"], r["block"]) for r in mon.records] == [(2, "layers.0"), (2, "layers.1"), (4, "layers.0"), (4, "layers.1")]
+    assert mon.records[0]["gain"] == pytest.approx({"1": 0.25, "2": 0.25, "8": 0.25}, rel=1e-6)
+
+
+def test_the_figures_follow_the_weights_as_training_changes_them():
+    """The traced graph shares the model's parameters: an optimizer step shows in the next record."""
+    model = Stack(Scaled(0.5))
+    mon = qlint.monitor(model, torch.randn(3, 4))
+    assert mon.measure()[0]["gain"]["1"] == pytest.approx(0.5, rel=1e-6)
+    optimizer = torch.optim.SGD(model.parameters(), lr=1.0)
+    model.layers[0].a.grad = torch.tensor(-1.5)
+    optimizer.step()
+    assert mon.measure()[0]["gain"]["1"] == pytest.approx(2.0, rel=1e-6)
+
+
+def test_training_flags_rng_and_gradients_are_left_alone_and_dropout_is_off():
+    model = Stack(DroppedScaled(0.5), Scaled(1.0))
+    model.train()
+    model.layers[1].eval()  # a per-module flag, not only the root's
+    mon = qlint.monitor(model)
+    torch.manual_seed(123)
+    state = torch.random.get_rng_state()
+    records = mon.measure(torch.randn(4, 6, generator=torch.Generator().manual_seed(0)))  # the analysis runs here, too
+    assert torch.equal(torch.random.get_rng_state(), state)
+    assert [m.training for m in model.modules()] == [True, True, True, True, False]
+    assert all(p.grad is None for p in model.parameters())
+    assert records[0]["gain"] == pytest.approx({"1": 0.5, "4": 0.5}, rel=1e-6)  # eval mode: no dropout
+
+
+def test_a_batch_of_another_shape_is_analysed_for_its_own_graph():
+    mon = qlint.monitor(Stack(Scaled(0.5), Cubic()), torch.randn(2, 3))
+    records = mon.measure(torch.ones(6, 5))
+    assert [r["block"] for r in records] == ["layers.0", "layers.1"]
+    assert records[0]["stream_norm"] == pytest.approx(math.sqrt(5), rel=1e-6)
+
+
+def test_the_overflow_warning_fires_once_at_its_threshold():
+    """x + 3x from ||X_0|| = 1: 4^k passes the float16 maximum 65504 at k = 8, not at 7."""
+    x = torch.full((2, 4), 0.5)  # every row has norm 1
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        seven = qlint.monitor(Stack(*(Scaled(3.0) for _ in range(7))), x, dtype=torch.float16)
+        seven.measure()
+        assert caught == [] and seven.warning is None
+        eight = qlint.monitor(Stack(*(Scaled(3.0) for _ in range(8))), x, dtype=torch.float16)
+        eight.measure()
+        eight.measure()
+    assert len(caught) == 1 and caught[0].category is RuntimeWarning
+    message = str(caught[0].message)
+    assert message == eight.warning and "\n" not in message
+    assert "block layers.0 has gain 3 at s=1, 3 at s=4" in message
+    assert "float16 maximum 65504 after k* = 8 blocks, within the model's 8" in message
+    fp32 = qlint.monitor(Stack(*(Scaled(3.0) for _ in range(8))), x)
+    fp32.measure()
+    assert fp32.warning is None  # 4^8 is far below the float32 maximum
+
+
+def _record(norm, gains):
+    return {"step": 0, "block": "b", "stream_norm": norm, "gain": gains}
+
+
+def test_overflow_depth_is_the_layerwise_recursion_of_the_measured_power_law():
+    # equal gains g = 1: (1 + 1)^k, past 65504 at k = 16 (the paper's Remark 6)
+    assert overflow_depth([_record(1.0, {"1": 1.0, "4": 1.0})] * 16, torch.float16) == 16
+    assert overflow_depth([_record(1.0, {"1": 1.0, "4": 1.0})] * 15, torch.float16) is None
+    # gain x16 from s = 1 to 4: q = 3, c = 1 / 10^2 at r = 10; r: 20, 100, 10100, 1.0e10, 1.1e28, 1e82
+    cubic = _record(10.0, {"1": 1.0, "4": 16.0})
+    assert overflow_depth([cubic] * 6, torch.float32) == 6
+    assert overflow_depth([cubic] * 5, torch.float32) is None
+    # a gain that falls with the scale counts as linear with its larger gain (q floored at 1)
+    assert overflow_depth([_record(1.0, {"1": 1.0, "4": 0.1})] * 16, torch.float16) == 16
+    # a stream that is already non-finite has overflowed at that block
+    assert overflow_depth([_record(1.0, {"1": 0.1}), _record(None, {"1": None})], torch.float32) == 1
+
+
+def test_no_blocks_no_batch_or_no_trace_is_an_error_not_silence():
+    with pytest.raises(MonitorError, match="no residual blocks in Linear"):
+        qlint.monitor(nn.Linear(4, 4), torch.randn(2, 4))
+    with pytest.raises(MonitorError, match="no batch to measure"):
+        qlint.monitor(Stack(Scaled(0.5))).measure()
+
+    class Called(Stack):
+        def __call__(self, x):
+            return super().__call__(x)
+
+    with pytest.raises(MonitorError, match="cannot trace Called"):
+        qlint.monitor(Called(Scaled(0.5)), torch.randn(2, 4))
+    with pytest.raises(ValueError, match="scales"):
+        StreamMonitor(Stack(Scaled(0.5)), scales=(0.0,))
+
+
+def test_importing_qlint_and_the_callbacks_imports_neither_library():
+    code = ("import sys, qlint, qlint.monitor_callbacks; qlint.monitor; "
+            "print(any(m.split('.')[0] in ('transformers', 'lightning', 'pytorch_lightning') for m in sys.modules))")
+    result = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == "False"
+
+
+# --- the framework callbacks, for real ------------------------------------------------------
+
+
+def test_hugging_face_trainer_logs_the_figures_of_every_block(tmp_path):
+    pytest.importorskip("transformers")
+    pytest.importorskip("accelerate")  # the Trainer needs it on torch
+    os.environ["HF_HUB_OFFLINE"] = "1"
+    from transformers import GPT2Config, GPT2LMHeadModel, Trainer, TrainingArguments
+
+    from qlint.monitor_callbacks import QlintTrainerCallback
+
+    torch.manual_seed(0)
+    model = GPT2LMHeadModel(GPT2Config(n_layer=1, n_embd=16, n_head=2, n_positions=16, vocab_size=32, bos_token_id=0, eos_token_id=0))
+    ids = torch.randint(32, (8, 12))
+    data = [{"input_ids": row, "labels": row} for row in ids]
+    args = TrainingArguments(output_dir=str(tmp_path), max_steps=3, per_device_train_batch_size=4, report_to=[], use_cpu=True,
+                             eval_strategy="steps", eval_steps=2, logging_steps=10, save_strategy="no", disable_tqdm=True)
+    callback = QlintTrainerCallback(every_steps=1)
+    trainer = Trainer(model=model, args=args, train_dataset=data, eval_dataset=data[:4])
+    callback.attach(trainer)
+    trainer.train()
+    records = callback.monitor.records
+    blocks = ["transformer.h.0:attn", "transformer.h.0:mlp"]
+    # every step (1, 2, 3) and every evaluation (step 2, and the last step)
+    assert [(r["step"], r["block"]) for r in records] == [(s, b) for s in (1, 2, 2, 3, 3) for b in blocks]
+    assert all(r["stream_norm"] > 0 and r["gain"]["1"] > 0 and r["gain"]["4"] > 0 for r in records)
+    logged = [entry for entry in trainer.state.log_history if "qlint/transformer.h.0:mlp/gain@4" in entry]
+    assert [entry["step"] for entry in logged] == [1, 2, 2, 3, 3]
+    assert logged[-1]["qlint/transformer.h.0:attn/stream_norm"] == pytest.approx(records[-2]["stream_norm"])
+
+
+def _lightning():
+    try:
+        import lightning.pytorch as lightning
+    except ImportError:
+        lightning = pytest.importorskip("pytorch_lightning")
+    return lightning
+
+
+def test_lightning_trainer_logs_the_figures_of_every_block():
+    lightning = _lightning()
+    from torch.utils.data import DataLoader, TensorDataset
+
+    from qlint.monitor_callbacks import QlintLightningCallback
+
+    class Residual(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.linear = nn.Linear(4, 4)
+
+        def forward(self, x):
+            return x + self.linear(x)
+
+    class Module(lightning.LightningModule):
+        def __init__(self) -> None:
+            super().__init__()
+            self.net = Stack(Residual(), Residual())
+
+        def forward(self, x):
+            return self.net(x)
+
+        def training_step(self, batch, batch_idx):
+            x, y = batch
+            return nn.functional.mse_loss(self.net(x), y)
+
+        def validation_step(self, batch, batch_idx):
+            x, y = batch
+            self.log("val_loss", nn.functional.mse_loss(self.net(x), y))
+
+        def configure_optimizers(self):
+            return torch.optim.Adam(self.parameters(), lr=1e-2)
+
+    torch.manual_seed(0)
+    data = TensorDataset(torch.randn(12, 4), torch.randn(12, 4))
+    module = Module()
+    callback = QlintLightningCallback(model=module.net, every_steps=1)
+    trainer = lightning.Trainer(max_steps=3, accelerator="cpu", callbacks=[callback], logger=False, enable_checkpointing=False,
+                                enable_progress_bar=False, enable_model_summary=False, num_sanity_val_steps=0)
+    trainer.fit(module, DataLoader(data, batch_size=4), DataLoader(data, batch_size=4))
+    records = callback.monitor.records
+    # steps 1, 2, 3, then the validation at the end of the (3-batch) epoch
+    assert [(r["step"], r["block"]) for r in records] == [(s, b) for s in (1, 2, 3, 3) for b in ("layers.0", "layers.1")]
+    assert all(r["stream_norm"] > 0 and r["gain"]["4"] > 0 for r in records)
+    assert trainer.callback_metrics["qlint/layers.1/gain@4"].item() == pytest.approx(records[-1]["gain"]["4"], rel=1e-5)
+
+
+def test_the_verify_harness_stores_telemetry_at_every_validation():
+    pytest.importorskip("numpy")
+    import json
+
+    from qlint.verify.train import RunConfig, train_run
+
+    cfg = RunConfig("mamba", "free", "synthetic", "synthetic:600:3:0", horizon=8, depth=2, seed=0, steps=4, batch_size=4,
+                    d_model=8, seq_len=16, eval_every=2, max_eval_windows=8)
+    row = train_run(cfg)
+    # the periodic evaluation at step 2, and the final validation at step 4 (the test split is not measured)
+    assert [(r["step"], r["block"]) for r in row["telemetry"]] == [(2, "layers.0"), (2, "layers.1"), (4, "layers.0"), (4, "layers.1")]
+    assert all(r["stream_norm"] > 0 and set(r["gain"]) == {"1", "4"} for r in row["telemetry"])
+    json.dumps(row, allow_nan=False)
