@@ -33,7 +33,7 @@ from typing import Literal, Optional
 import torch.fx as fx
 
 from qlint.core.graph import GraphFacts, facts, module_path, module_stack, shape_of
-from qlint.core.relations import strip
+from qlint.core.relations import Normalisation, strip
 
 Form = Literal["additive", "scaled"]
 Post = Literal["", "post-norm", "post-activation"]
@@ -284,19 +284,20 @@ def find_stream(graph: GraphFacts, root_name: str = "model") -> Stream:
     for block in candidates:
         block.region = graph.region([block.stream], block.join)
     by_join = {b.join: b for b in candidates}
-    nested, blocks = [], []
+    nested, top = [], []
     for block in candidates:
         if not graph.reaches_output(block.join) or _is_nested(block, by_join, graph):
             nested.append(block)
         else:
-            blocks.append(block)
+            top.append(block)
+    blocks = [b for b in top if not _readout(b, top)]
     blocks.sort(key=lambda b: graph.order[b.join])
     transitions = _chain(blocks, graph)
     for index, block in enumerate(blocks):
         block.index = index
         block.post, block.post_node = _post(block, graph)
     _settle_top_level_norms(blocks, transitions)
-    _name(blocks, root_name)
+    _name(blocks, root_name, graph)
     for transition in transitions:
         transition.name = _transition_name(transition)
     return Stream(blocks=blocks, transitions=transitions, nested=nested)
@@ -327,20 +328,52 @@ def _as_block(join: fx.Node, graph: GraphFacts) -> Optional[Block]:
         return _gated(join, terms, graph)
     _, _, skip, stream = best
     velocity = [t for t in terms if t is not skip]
-    if facts(join).op in ("add", "sub", "rsub") and join_shape is not None and _centring(velocity, stream, join_shape):
-        return None  # x - mean(x): the numerator of a normalisation (RevIN), not a residual branch
+    if facts(join).op in ("add", "sub", "rsub") and join_shape is not None and _centring(velocity, stream, join_shape, graph):
+        return None  # x - mean(x): the numerator of a normalisation (RevIN) or a decomposition, not a residual branch
     repeated = any(carried(t.node) is stream for t in velocity)
     exact = facts(join).op in _EXACT and skip.coefficient == 1.0 and not repeated and all(
         facts(node).op in _EXACT or facts(node).op in ("neg", "mul", "div") for node, _ in skip.path)
     return Block(join=join, stream=stream, skip=skip, terms=velocity, form="additive" if exact else "scaled")
 
 
-def _centring(velocity: list[Term], stream: fx.Node, shape: tuple) -> bool:
-    """Every velocity term is broadcast back over X_k (fewer entries than the join): a
-    statistic such as x - mean(x) or RevIN's x - loc, the numerator of a normalisation.
-    A residual branch has the stream's shape."""
+def _centring(velocity: list[Term], stream: fx.Node, shape: tuple, graph: GraphFacts) -> bool:
+    """Every velocity term is a statistic of X_k: broadcast back over it (fewer entries than
+    the join: x - mean(x), RevIN's x - loc, the numerator of a normalisation), or an average
+    of X_k alone spread back to its shape (Autoformer's series decomposition x - avg_pool(pad(x)),
+    its layer norm's x - mean_t(x).repeat(...)). A residual branch computes something new
+    from X_k: it has the stream's shape and more than averages and copies of it."""
     shapes = [shape_of(t.node) for t in velocity]
-    return bool(shapes) and all(s is not None and s != shape and math.prod(s) < math.prod(shape) for s in shapes)
+    if bool(shapes) and all(s is not None and s != shape and math.prod(s) < math.prod(shape) for s in shapes):
+        return True
+    return bool(velocity) and all(_average_of(t.node, stream, graph) for t in velocity)
+
+
+_AVERAGES = frozenset({"mean", "avg_pool1d", "avg_pool2d", "avg_pool3d", "adaptive_avg_pool1d", "adaptive_avg_pool2d",
+                       "adaptive_avg_pool3d", "_adaptive_avg_pool2d", "_adaptive_avg_pool3d"})
+
+
+def _average_of(node: fx.Node, stream: fx.Node, graph: GraphFacts) -> bool:
+    """``node`` is computed from ``stream`` alone by averages (a mean, an average pool) and
+    by moves of entries (views, copies, padding, concatenation of its own slices), one
+    average at least: a moving or global mean of X_k."""
+    from qlint.core.ops import op_name
+
+    averaged, stack, seen = False, [node], set()
+    while stack:
+        current = stack.pop()
+        if current is stream or current in seen:
+            continue
+        seen.add(current)
+        info = facts(current)
+        if op_name(current) in _AVERAGES:
+            averaged = True
+        elif not (info.plumbing or "concat" in info.family or info.op == "pad"):
+            return False
+        parents = graph.parents.get(current, ())
+        if not parents:
+            return False  # a model input: the value is not X_k's alone
+        stack.extend(parents)
+    return averaged
 
 
 def _gated(join: fx.Node, terms: list[Term], graph: GraphFacts) -> Optional[Block]:
@@ -373,6 +406,19 @@ def _is_nested(block: Block, by_join: dict[fx.Node, Block], graph: GraphFacts) -
                 graph.is_ancestor(block.join, outer.join) and graph.postdominates(outer.join, block.join):
             return True
     return False
+
+
+def _readout(block: Block, top: list[Block]) -> bool:
+    """A sum of values read off the stream at several depths, not an update of it.
+
+    Autoformer's decoder adds the trends of its three decompositions, trend1 + trend2 +
+    trend3: trend2 depends on trend1 only through the seasonal stream and the blocks
+    after it. Such a join's velocity holds whole blocks (their input and their join),
+    whose outputs also go on past it (else they would be nested): the join reads the
+    stream, it does not carry it. It is left to the transitions and the head.
+    """
+    region = block.region_set
+    return any(other is not block and other.join in region and other.stream in region for other in top)
 
 
 def _chain(blocks: list[Block], graph: GraphFacts) -> list[Transition]:
@@ -508,7 +554,7 @@ def _settle_top_level_norms(blocks: list[Block], transitions: list[Transition]) 
 # --- names ---------------------------------------------------------------------------------------
 
 
-def _name(blocks: list[Block], root_name: str) -> None:
+def _name(blocks: list[Block], root_name: str, graph: GraphFacts) -> None:
     """Module path of the module whose forward performs the join; disambiguated by branch."""
     for block in blocks:
         block.name = module_path(block.join) or root_name
@@ -518,8 +564,8 @@ def _name(blocks: list[Block], root_name: str) -> None:
             continue
         group = [b for b in blocks if b.name == base]
         for block in group:
-            child = _branch_child(block, base)
-            block.name = f"{base}:{child}" if child else base
+            branches = _branches(block, base, graph)
+            block.name = f"{base}:{'+'.join(branches)}" if branches else base
         if len({b.name for b in group}) < len(group):
             seen: Counter = Counter()
             for block in group:
@@ -527,21 +573,65 @@ def _name(blocks: list[Block], root_name: str) -> None:
                 block.name = f"{block.name}#{seen[block.name]}"
 
 
-def _branch_child(block: Block, base: str) -> str:
-    """The direct child module of the block's module whose output is the velocity term
-    (``attn``, not the ``dropout`` wrapped around it: wrappers are walked back over)."""
+def _branches(block: Block, base: str, graph: GraphFacts) -> list[str]:
+    """The direct children of the block's module whose output is added: ``mlp`` for
+    ``x + drop_path(ls(post_norm(mlp(pre_norm(x)))))``.
+
+    Walking back from each velocity term, the ops of the block's own module (a ``cat``,
+    a gate) and the children that only wrap a branch (:func:`_wrapper`: norms, dropouts,
+    drop-path, identities, LayerScale) are looked through; the first child that
+    computes is a branch, and the walk stops there.
+    """
     prefix = f"{base}." if base else ""
-    for term in block.terms:
-        node: Optional[fx.Node] = term.node
-        while node is not None:
-            path = module_path(node)
-            child = path[len(prefix) :].split(".")[0] if path.startswith(prefix) and len(path) > len(prefix) else ""
-            carrier = "carrier" in facts(node).family
-            if child and not carrier:
-                return child
-            source = _arg(node, "input") if carrier else None
-            node = source if isinstance(source, fx.Node) and source in block.region_set else None
-    return ""
+    region = block.region_set
+    members: dict[str, list[fx.Node]] = {}
+    for node in block.region:
+        child = _child(node, prefix)
+        if child:
+            members.setdefault(child, []).append(node)
+    wrappers = {child for child, nodes in members.items() if _wrapper(nodes, region, graph)}
+    found: list[str] = []
+    stack = [t.node for t in reversed(block.terms)]
+    seen: set[fx.Node] = set()
+    while stack:
+        node = stack.pop()
+        if node in seen or node not in region:
+            continue
+        seen.add(node)
+        child = _child(node, prefix)
+        if child and child not in wrappers:
+            if child not in found:
+                found.append(child)
+            continue
+        stack.extend(sorted((p for p in graph.parents.get(node, ()) if p in region), key=graph.order.__getitem__))
+    return found
+
+
+def _child(node: fx.Node, prefix: str) -> str:
+    path = module_path(node)
+    return path[len(prefix):].split(".")[0] if path.startswith(prefix) and len(path) > len(prefix) else ""
+
+
+def _wrapper(nodes: list[fx.Node], region: frozenset, graph: GraphFacts) -> bool:
+    """A child that only wraps a branch: its ops pass a value on (dropout, drop-path,
+    identity, casts), scale it by a factor computed outside the stream (LayerScale), or
+    normalise it (a norm module or one written out, with no learned layer inside)."""
+    def passes(node: fx.Node) -> bool:
+        info = facts(node)
+        if "carrier" in info.family:
+            return True
+        inside = [p for p in graph.parents.get(node, ()) if p in region]
+        return "scale" in info.family and len(inside) == 1
+
+    def normalises(node: fx.Node) -> bool:
+        info = facts(node)
+        return isinstance(info.relation, Normalisation) or bool(info.family & {"norm", "batch_norm"})
+
+    if all(passes(n) for n in nodes):
+        return True
+    computes = any(facts(n).primitive is None or facts(n).declared is not None or facts(n).family & {"layer", "matmul"}
+                   or facts(n).op in ("attention", "mha_functional", "mha_module", "recurrent", "embedding") for n in nodes)
+    return not computes and any(normalises(n) for n in nodes)
 
 
 def _transition_name(transition: Transition) -> str:

@@ -8,7 +8,7 @@ from typing import Iterable, Iterator, Optional
 import torch.fx as fx
 
 from qlint.core.engine import Analysis, source_of
-from qlint.core.graph import module_path
+from qlint.core.graph import GraphFacts, module_path
 from qlint.core.ops import op_name
 from qlint.core.results import Finding
 from qlint.lint.rule import checker, rule
@@ -81,19 +81,22 @@ def softmax_attentions(softmax: fx.Node, data: set, root: str) -> Iterator[_Atte
         yield _Attention(product, module_path(product) or module_path(softmax) or root, operands, capped)
 
 
-def _normalised(operand: fx.Node, data: set) -> bool:
-    """Every data path into this Q (or K) operand passes a normalization after the projection."""
+def _normalised(operand: fx.Node, graph: GraphFacts) -> bool:
+    """Every data path into this Q (or K) operand passes a normalization after the projection.
+
+    The paths are the value inputs: a dtype or shape reference (the un-normalised ``x`` of
+    Gemma's RMSNorm ``(...).type_as(x)``) carries no value into the logits."""
     stack, seen = [operand], set()
     while stack:
         node = stack.pop()
-        if node in seen or node not in data:
+        if node in seen or node not in graph.data:
             continue
         seen.add(node)
         if is_normalizer(node):
             continue
         if not family(node) & _HEAD_PLUMBING:
             return False
-        stack.extend(node.all_input_nodes)
+        stack.extend(graph.parents.get(node, ()))
     return True
 
 
@@ -107,13 +110,13 @@ def _hard_cap(node: fx.Node) -> bool:
 _GROWTH = "the logits grow with ||W_Q||·||W_K|| (entropy collapse, fp16 overflow)"
 
 
-def _unbounded(attention: _Attention, data: set) -> Optional[str]:
+def _unbounded(attention: _Attention, graph: GraphFacts) -> Optional[str]:
     """What is wrong with the attention's logits, or None when they are bounded and keep their gradient."""
     if attention.opaque:
         return f"`{attention.opaque}` computes its logits internally without QK-norm or soft-capping; {_GROWTH}"
     if attention.capped == "tanh":
         return None
-    if len(attention.operands) == 2 and all(_normalised(o, data) for o in attention.operands):
+    if len(attention.operands) == 2 and all(_normalised(o, graph) for o in attention.operands):
         return None
     if attention.capped == "clamp":
         return ("its logits are hard-clamped: bounded, but the gradient is zero past the cap, so a saturated logit "
@@ -125,7 +128,7 @@ def _unbounded(attention: _Attention, data: set) -> Optional[str]:
 def unbounded_attention_logits(analysis: Analysis) -> Iterable[Finding]:
     reported: set[str] = set()
     for attention in _attentions(analysis):
-        reason = _unbounded(attention, analysis.graph.data)
+        reason = _unbounded(attention, analysis.graph)
         if reason is None or attention.path in reported:
             continue
         reported.add(attention.path)

@@ -41,7 +41,7 @@ import torch.fx as fx
 
 from qlint.core.engine import Analysis
 from qlint.core.graph import module_path
-from qlint.lint.graph_queries import argument, constant_value, family, is_normalizer, once_per_graph, op
+from qlint.lint.graph_queries import argument, constant_value, family, is_normalizer, once_per_graph, op, stacks
 
 
 @dataclass
@@ -51,7 +51,7 @@ class BranchScale:
     block: str
     projection: Optional[str]  # module path of the output projection; None when the branch ends in none
     relative_std: Optional[float]  # multiplier x gain / reference gain; None when a weight cannot be read
-    expected: float  # 1/sqrt(N), N residual branches
+    expected: float  # 1/sqrt(N), N residual branches in the block's stack
     multiplier: float = 1.0  # the constant or parameter factors at the branch's end
     fixed_std: bool = False  # the base init read off the output projections: one std for every fan_in
 
@@ -81,9 +81,10 @@ def branch_scales(analysis: Analysis) -> list[BranchScale]:
         """The gain the model's base init gives a layer with this weight's fan_in."""
         return reference * (math.sqrt(_fan_in(weight) / reference_fan_in) if fixed else 1.0)
 
-    expected = 1 / math.sqrt(len(blocks)) if blocks else 1.0
+    depth = {id(b): len(stack) for stack in stacks(analysis) for b in stack}  # N counts the block's own stack
     out = []
     for block in blocks:
+        expected = 1 / math.sqrt(depth[id(block)])
         scales = [(_relative(multiplier, node, base if reference else None, analysis), multiplier, node) for multiplier, node in ends[block.name]]
         known = [s for s in scales if s[0] is not None]
         if not known:

@@ -115,6 +115,44 @@ def constant_value(value: Any, analysis: Analysis) -> Optional[torch.Tensor]:
     return result.detach()
 
 
+@once_per_graph
+def stacks(analysis: Analysis) -> list[list[Any]]:
+    """The blocks grouped into stacks, each in execution order.
+
+    A stack is a run of blocks on one residual stream: blocks chained by the stream,
+    split where a norm outside every block normalises the stream between two of them
+    (SigLIP's ``post_layernorm`` before its pooling head, a stage's norm) and where the
+    stream starts anew (an encoder-decoder's decoder starts from its own embedding; the
+    encoder's output enters it as a condition). A Post-LN block's own norm LN(X + f(X))
+    is part of the block and splits nothing.
+    """
+    stream = analysis.stream
+    owner = {id(b): i for i, b in enumerate(stream.blocks)}
+    parent = list(range(len(stream.blocks)))
+
+    def root(i: int) -> int:
+        while parent[i] != i:
+            parent[i] = parent[parent[i]]
+            i = parent[i]
+        return i
+
+    normalised = set()  # (previous, next) pairs with a norm on the stream between them
+    for transition in stream.transitions:
+        if transition.before is None:
+            continue
+        own = {b.post_node for b in transition.after}
+        if any(is_normalizer(n) and n not in own for n in transition.region):
+            normalised.update((id(b), id(transition.before)) for b in transition.after)
+    for block in stream.blocks:
+        for previous in block.predecessors:
+            if (id(previous), id(block)) not in normalised:
+                parent[root(owner[id(previous)])] = root(owner[id(block)])
+    groups: dict[int, list[Any]] = {}
+    for i, block in enumerate(stream.blocks):
+        groups.setdefault(root(i), []).append(block)
+    return list(groups.values())
+
+
 def common_path(paths: list[str]) -> str:
     """The longest dotted prefix shared by module paths ('layers' for layers.0, layers.1)."""
     split = [p.split(".") for p in paths if p]

@@ -15,7 +15,7 @@ from qlint.core.propagate import leading
 from qlint.core.results import Finding
 from qlint.lint.branch_scale import branch_scales
 from qlint.lint.rule import checker, rule
-from qlint.lint.graph_queries import common_path, is_normalizer, normalised_input, uses_running_stats
+from qlint.lint.graph_queries import common_path, is_normalizer, normalised_input, stacks, uses_running_stats
 
 DEEP_STACK = 8  # residual blocks (branches) from which an unscaled stack is reported
 
@@ -105,27 +105,34 @@ def pre_norm(block: StreamBlock) -> bool:
 
 @checker("QL203")
 def missing_final_norm(analysis: Analysis) -> Iterable[Finding]:
-    blocks = [b for b in analysis.stream.blocks if pre_norm(b)]
-    if len(blocks) < 2:
-        return
-    graph = analysis.graph
-    last = max(blocks, key=lambda b: graph.order[b.join])
-    # a path from the last block to an output that passes no normalizer
-    stack, seen = [last.join], set()
-    reaches = False
-    while stack and not reaches:
-        node = stack.pop()
-        if node in seen:
+    for stack in stacks(analysis):
+        blocks = [b for b in stack if pre_norm(b)]
+        if len(blocks) < 2:
             continue
-        seen.add(node)
-        if node in graph.sinks:
-            reaches = True
-            break
-        stack.extend(c for c in graph.children.get(node, ()) if not is_normalizer(c))
-    if not reaches:
-        return
-    stack_name = common_path([module_path(b.join) for b in blocks]) or type(analysis.model).__name__
-    yield rule("QL203").finding(stack_name, source_of(last.join), stack=stack_name, count=len(blocks), last=last.name)
+        last = max(blocks, key=lambda b: analysis.graph.order[b.join])
+        if _reaches_output_unnormalised(last.join, analysis):
+            name = _stack_name(blocks, analysis)
+            yield rule("QL203").finding(name, source_of(last.join), stack=name, count=len(blocks), last=last.name)
+
+
+def _reaches_output_unnormalised(node, analysis: Analysis) -> bool:
+    """A value path from ``node`` to an output that passes no normalizer (the graph's
+    value edges: a dtype reference such as the ``x`` of ``norm(x).type_as(x)`` is none)."""
+    graph = analysis.graph
+    stack, seen = [node], set()
+    while stack:
+        current = stack.pop()
+        if current in seen:
+            continue
+        seen.add(current)
+        if current in graph.sinks:
+            return True
+        stack.extend(c for c in graph.children.get(current, ()) if not is_normalizer(c))
+    return False
+
+
+def _stack_name(blocks: list[StreamBlock], analysis: Analysis) -> str:
+    return common_path([module_path(b.join) for b in blocks]) or type(analysis.model).__name__
 
 
 # --- QL204 ------------------------------------------------------------------------------------
@@ -133,17 +140,18 @@ def missing_final_norm(analysis: Analysis) -> Iterable[Finding]:
 
 @checker("QL204")
 def unscaled_deep_residual(analysis: Analysis) -> Iterable[Finding]:
-    blocks = analysis.stream.blocks
-    if len(blocks) < DEEP_STACK:
-        return
-    unscaled = [s for s in branch_scales(analysis) if s.scaled is False]
-    if not unscaled:
-        return
-    first = unscaled[0]
-    stack = common_path([module_path(b.join) for b in blocks]) or type(analysis.model).__name__
-    yield rule("QL204").finding(stack, source_of(analysis.block(first.block).join), stack=stack, unscaled=len(unscaled), count=len(blocks),
-                                limit=f"{first.limit:.2f}", expected=f"{first.expected:.2f}", first=first.block,
-                                scale=f"{first.relative_std:.2f}")
+    scales = {s.block: s for s in branch_scales(analysis)}
+    for blocks in stacks(analysis):
+        if len(blocks) < DEEP_STACK:
+            continue
+        unscaled = [scales[b.name] for b in blocks if b.name in scales and scales[b.name].scaled is False]
+        if not unscaled:
+            continue
+        first = unscaled[0]
+        name = _stack_name(blocks, analysis)
+        yield rule("QL204").finding(name, source_of(analysis.block(first.block).join), stack=name, unscaled=len(unscaled),
+                                    count=len(blocks), limit=f"{first.limit:.2f}", expected=f"{first.expected:.2f}",
+                                    first=first.block, scale=f"{first.relative_std:.2f}")
 
 
 # --- QL205 ------------------------------------------------------------------------------------
