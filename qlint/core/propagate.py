@@ -16,6 +16,7 @@ not written for, gives unknown (:meth:`qlint.core.ops.Call.unread`).
 from __future__ import annotations
 
 import math
+import operator
 from typing import Any, Iterable, Optional
 
 import torch
@@ -59,6 +60,7 @@ class GrowthProp(fx.Interpreter):
         self.training = training
         self.assume_real = assume_real  # inputs without a recorded dtype are taken as real (said in the report)
         self.trainable = trainable  # attributes aliasing a tensor the model trains, whatever the graph's copy says
+        self._fixed_nodes: Optional[frozenset[fx.Node]] = None
 
     def is_trainable(self, target: str, value: torch.Tensor) -> bool:
         """A tensor an optimizer given the model trains: requires_grad, on the graph's copy or on the model's."""
@@ -116,7 +118,43 @@ class GrowthProp(fx.Interpreter):
         value = apply(n, info, self.env, self.training)
         if info.relation is not None:
             value = self._relation(info.relation, value)
+        if isinstance(value, Growth) and value.q is None and n in self._fixed():
+            value = _by_value(self.graph_facts.constant(n)) or value
         return value
+
+    def _fixed(self) -> frozenset[fx.Node]:
+        """Nodes computed from shapes and literals alone: no input, no parameter or buffer, no
+        random draw. Each has one value whatever the input and the parameters, so it is bounded
+        by its entries, as a lifted tensor constant is (T5's relative-position buckets take
+        the log of 0 and select past it with ``where``: the buckets themselves are finite)."""
+        if self._fixed_nodes is None:
+            fixed: set[fx.Node] = set()
+            for node in self.graph_facts.nodes:
+                if node.op == "get_attr":
+                    ok = not self._arbitrary(str(node.target))
+                elif node.op == "call_function":
+                    target = node.target
+                    ok = target is operator.getitem or (isinstance(target, torch._ops.OpOverload)
+                                                         and torch.Tag.nondeterministic_seeded not in target.tags)
+                    ok = ok and all(p in fixed for p in node.all_input_nodes)
+                else:
+                    ok = False
+                if ok:
+                    fixed.add(node)
+            self._fixed_nodes = frozenset(fixed)
+        return self._fixed_nodes
+
+    def _arbitrary(self, target: str) -> bool:
+        """An attribute training may move (a parameter, a buffer, a trainable alias), or one not read."""
+        try:
+            value = self.fetch_attr(target)
+        except (AttributeError, RuntimeError):
+            return True
+        if not isinstance(value, torch.Tensor):
+            return True
+        lifted = target.startswith("_tensor_constant")  # fx registers the constants it lifts as buffers
+        return (isinstance(value, torch.nn.Parameter) or self.is_trainable(target, value)
+                or (is_buffer(self.module, target) and not lifted) or value.is_meta)
 
     # -- leaves -------------------------------------------------------------------------------
 
@@ -143,20 +181,10 @@ class GrowthProp(fx.Interpreter):
             return CONSTANT
         if not isinstance(value, torch.Tensor):
             return CONSTANT
-        real = not value.is_complex()
-        lifted = str(n.target).startswith("_tensor_constant")  # fx registers the constants it lifts as buffers
-        if isinstance(value, torch.nn.Parameter) or self.is_trainable(str(n.target), value) or (is_buffer(self.module, str(n.target)) and not lifted) or value.is_meta:
-            return Growth(0.0, depends=False, real=real)
-        if value.numel() == 0 or not real:
-            return Growth(0.0, depends=False, real=real)
-        try:
-            data = value.detach().double()
-            lo, hi = float(data.min()), float(data.max())
-        except (RuntimeError, TypeError):
-            return Growth(0.0, depends=False, real=real)
-        if not (math.isfinite(lo) and math.isfinite(hi)):  # rsqrt(arange(8)) evaluated while tracing: inf
-            return Growth(None, depends=False, real=real, culprit=f"the tensor constant `{n.target}` holds inf or NaN")
-        return Growth(0.0, depends=False, real=real, range=Range(lo=lo, hi=hi, pos=lo > 0, neg=hi < 0))
+        if self._arbitrary(str(n.target)):
+            return Growth(0.0, depends=False, real=not value.is_complex())
+        # rsqrt(arange(8)) evaluated while tracing: inf
+        return _by_value(value) or Growth(None, depends=False, real=True, culprit=f"the tensor constant `{n.target}` holds inf or NaN (or cannot be read)")
 
     def _declared(self, info: NodeFacts, inputs: list[Value]) -> Growth:
         dependent = [joint(v) for v in inputs if joint(v).depends]
@@ -188,6 +216,23 @@ class GrowthProp(fx.Interpreter):
                 r = value.range
                 return Growth(value.q, depends=value.depends, range=Range(lo=r.lo, hi=0.0, below=r.below), culprit=value.culprit)
         return computed
+
+
+def _by_value(value: Any) -> Optional[Growth]:
+    """A fixed tensor bounded by its own entries; None when one is inf or NaN, or it cannot be read (meta)."""
+    if not isinstance(value, torch.Tensor) or value.is_meta:
+        return None
+    real = not value.is_complex()
+    if value.numel() == 0 or not real:
+        return Growth(0.0, depends=False, real=real)
+    try:
+        data = value.detach().double()
+        lo, hi = float(data.min()), float(data.max())
+    except (RuntimeError, TypeError):
+        return None
+    if not (math.isfinite(lo) and math.isfinite(hi)):
+        return None
+    return Growth(0.0, depends=False, real=real, range=Range(lo=lo, hi=hi, pos=lo > 0, neg=hi < 0))
 
 
 def is_buffer(module: torch.nn.Module, target: str) -> bool:

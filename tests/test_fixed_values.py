@@ -1,0 +1,67 @@
+"""Values computed from shapes and literals alone are bounded by their entries (qlint.core.propagate).
+
+T5's relative-position buckets take log(0) = -inf and select past it with ``where``: the
+buckets are finite, so the per-op hazard of the log must not reach the block. Only a value
+with no input, no parameter or buffer and no random draw in its cone is evaluated; one
+that is inf or NaN, or cannot be read (meta), stays unbounded.
+"""
+
+import pytest
+import torch
+from torch import nn
+
+from qlint.analysis import Options, run
+
+WIDTH = 8
+
+
+class LogOfPositions(nn.Module):
+    """x + fc(x) * g, g from log(arange): ``masked`` selects past the -inf at position 0."""
+
+    def __init__(self, source="arange", masked=True):
+        super().__init__()
+        self.fc = nn.Linear(WIDTH, WIDTH)
+        self.source, self.masked = source, masked
+
+    def positions(self, x):
+        if self.source == "arange":
+            return torch.arange(WIDTH, dtype=x.dtype, device=x.device)
+        if self.source == "rand":
+            return torch.rand(WIDTH, device=x.device)
+        return self.fc.bias.abs()  # a parameter: log of it is not finite for every value
+
+    def forward(self, x):
+        pos = self.positions(x)
+        g = torch.log(pos)
+        if self.masked:
+            g = torch.where(pos > 0, g, torch.zeros_like(g))
+        return x + self.fc(x) * g
+
+
+def verdict(model, tracer, device="cpu"):
+    inputs = (torch.randn(2, WIDTH, device=device),)
+    report = run(model.to(device), inputs, spec="m", options=Options(tracer=tracer)).report
+    return [(b.q, b.status) for b in report.blocks], [f.message for f in report.findings if f.code == "QL102"]
+
+
+@pytest.mark.parametrize("tracer", ["export", "make_fx"])
+def test_a_masked_log_of_positions_is_a_finite_constant(tracer):
+    assert verdict(LogOfPositions(), tracer) == ([(1.0, "ok")], [])
+
+
+@pytest.mark.parametrize("tracer", ["export", "make_fx", "symbolic_trace"])
+def test_an_unmasked_log_of_zero_stays_unbounded(tracer):
+    blocks, reasons = verdict(LogOfPositions(masked=False), tracer)
+    assert blocks == [(None, "uncertified")] and len(reasons) == 1
+
+
+@pytest.mark.parametrize("source", ["rand", "parameter"])
+def test_a_random_draw_or_a_parameter_is_not_a_fixed_value(source):
+    blocks, reasons = verdict(LogOfPositions(source=source), "export")
+    assert blocks == [(None, "uncertified")]
+    assert reasons and ("may approach 0" in reasons[0] or "may be <= 0" in reasons[0])
+
+
+def test_a_fixed_value_on_meta_cannot_be_read_and_stays_unbounded():
+    blocks, _ = verdict(LogOfPositions(), "export", device="meta")
+    assert blocks == [(None, "uncertified")]
