@@ -65,3 +65,26 @@ def test_a_random_draw_or_a_parameter_is_not_a_fixed_value(source):
 def test_a_fixed_value_on_meta_cannot_be_read_and_stays_unbounded():
     blocks, _ = verdict(LogOfPositions(), "export", device="meta")
     assert blocks == [(None, "uncertified")]
+
+
+class ScaledBySize(nn.Module):
+    """DeBERTa's ``key / sqrt(tensor(size) * factor)``: the divisor is a tensor made from a shape."""
+
+    def __init__(self, factor):
+        super().__init__()
+        self.fc = nn.Linear(WIDTH, WIDTH)
+        self.factor = factor
+
+    def forward(self, x):
+        scale = torch.sqrt(torch.tensor(x.size(-1), dtype=torch.float) * self.factor)
+        return x + self.fc(x) / scale
+
+
+@pytest.mark.parametrize("tracer", ["export", "make_fx"])
+def test_a_divisor_made_from_a_shape_is_bounded_away_from_zero(tracer):
+    assert verdict(ScaledBySize(2), tracer) == ([(1.0, "ok")], [])
+
+
+def test_a_divisor_made_from_a_shape_that_is_zero_stays_unbounded():
+    blocks, reasons = verdict(ScaledBySize(0), "export")
+    assert blocks == [(None, "uncertified")] and len(reasons) == 1

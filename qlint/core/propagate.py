@@ -118,8 +118,8 @@ class GrowthProp(fx.Interpreter):
         value = apply(n, info, self.env, self.training)
         if info.relation is not None:
             value = self._relation(info.relation, value)
-        if isinstance(value, Growth) and value.q is None and n in self._fixed():
-            value = _by_value(self.graph_facts.constant(n)) or value
+        if isinstance(value, Growth) and n in self._fixed():
+            value = _by_value(self.graph_facts.constant(n)) or value  # its exact range: a safe divisor, a finite log
         return value
 
     def _fixed(self) -> frozenset[fx.Node]:

@@ -41,7 +41,7 @@ import torch.fx as fx
 
 from qlint.core.engine import Analysis
 from qlint.core.graph import module_path
-from qlint.lint.graph_queries import argument, constant_value, family, is_normalizer, once_per_graph, op, stacks
+from qlint.lint.graph_queries import argument, constant_value, family, is_normalizer, once_per_graph, op, stacks, uses_running_stats
 
 
 @dataclass
@@ -147,6 +147,12 @@ def _branch_end(term: fx.Node, analysis: Analysis) -> tuple[Optional[float], fx.
         if is_normalizer(node):
             gain = _norm_gain(node, analysis)
             return (None if gain is None else scale * gain), node
+        if uses_running_stats(node) and isinstance(argument(node, "input"), fx.Node):
+            gain = _affine_gain(node, analysis)
+            if gain is None:
+                return None, node
+            scale, node = scale * gain, argument(node, "input")
+            continue
         if kind not in ("mul", "div"):
             return scale, node
         a, b = argument(node, "input"), argument(node, "other")
@@ -177,6 +183,22 @@ def _norm_gain(node: fx.Node, analysis: Analysis) -> Optional[float]:
     if value is None or value.is_meta:
         return None
     return float(value.abs().max()) if value.numel() else 1.0
+
+
+def _affine_gain(node: fx.Node, analysis: Analysis) -> Optional[float]:
+    """BatchNorm on running statistics is gamma (x - mu) / sqrt(var + eps) + beta: its largest
+    gain max|gamma| / sqrt(min var + eps) (a zero-initialised last BatchNorm, timm's RegNet and
+    ResNet zero_init_last, enters at 0); None when a statistic cannot be read."""
+    weight, variance = argument(node, "weight"), argument(node, "running_var")
+    gamma = constant_value(weight, analysis) if isinstance(weight, fx.Node) else None
+    var = constant_value(variance, analysis) if isinstance(variance, fx.Node) else None
+    eps = argument(node, "eps", 1e-5)
+    if var is None or var.is_meta or not var.numel() or not isinstance(eps, (int, float)):
+        return None
+    top = 1.0 if weight is None else (None if gamma is None or gamma.is_meta else float(gamma.abs().max()) if gamma.numel() else 1.0)
+    if top is None:
+        return None
+    return top / math.sqrt(max(float(var.min()), 0.0) + eps)
 
 
 def _weight(node: fx.Node, analysis: Analysis) -> tuple[bool, Optional[torch.Tensor]]:
