@@ -165,6 +165,15 @@ def test_t5_encoder_and_decoder_are_separate_stacks(zoo):
 
 @pytest.mark.zoo
 @needs_transformers
+def test_a_post_ln_encoder_and_decoder_are_two_post_ln_stacks(zoo):
+    report = zoo("bart")
+    assert found(report, "QL202") == [("QL202", "model.decoder.layers"), ("QL202", "model.encoder.layers")]
+    counts = sorted(f.message.split(" of ")[1].split(" blocks")[0] for f in report.findings if f.code == "QL202")
+    assert counts == ["4", "6"]  # encoder: attention + FFN per layer; decoder: + cross-attention
+
+
+@pytest.mark.zoo
+@needs_transformers
 def test_siglip_pooling_head_is_not_in_the_encoder_stack(zoo):
     report = zoo("siglip")
     assert blocks(report) == layers(["self_attn", "mlp"], base="encoder.layers") + [("head", 0.0)]

@@ -77,10 +77,14 @@ def deepnorm(analysis: Analysis) -> Optional[DeepNorm]:
 
 @checker("QL202")
 def post_ln_stack(analysis: Analysis) -> Iterable[Finding]:
-    post, stack = _post_ln(analysis)
-    if len(post) < 2 or deepnorm(analysis) is not None:
+    """Once per stack (an encoder-decoder's encoder and decoder are two)."""
+    if deepnorm(analysis) is not None:
         return  # a DeepNorm stack is QL206's
-    yield rule("QL202").finding(stack, source_of(post[0].join), stack=stack, count=len(post))
+    for blocks in stacks(analysis):
+        post = [b for b in blocks if b.post == "post-norm"]
+        if len(post) >= 2:
+            stack = common_path([module_path(b.join) for b in post]) or type(analysis.model).__name__
+            yield rule("QL202").finding(stack, source_of(post[0].join), stack=stack, count=len(post))
 
 
 @checker("QL206")
