@@ -13,7 +13,7 @@ $(VENV)/.installed: pyproject.toml Makefile
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q $(PINS)
-	$(PY) -m pip install -q -e ".[test,zoo,plot]" $(PINS)
+	$(PY) -m pip install -q -e ".[test,zoo,verify,distributed]" $(PINS)
 	touch $@
 
 demo: $(VENV)/.installed

@@ -99,14 +99,18 @@ def test_default_data_path(monkeypatch, tmp_path):
 
 def test_blowup_classification():
     assert BLOWUP_FACTOR == 1e3
-    assert classify_blowup([0.9, 0.5], 0.4) == (False, "")
-    assert classify_blowup([0.9, float("nan")], 0.4)[0]
-    assert classify_blowup([float("inf")], 0.4)[0]
-    assert classify_blowup([0.9], float("nan"))[0]
-    assert classify_blowup([], None)[0]
-    assert classify_blowup([], 999.0) == (False, "")
-    blew, why = classify_blowup([], 1001.0)
-    assert blew and "1e+03" in why
+    assert classify_blowup([0.9, 0.5], 0.4) == (False, False, "")
+    # non-finite mid-training, finite at the end: only the any-evaluation rule counts it
+    assert classify_blowup([0.9, float("nan")], 0.4) == (
+        False, True, "non-finite validation MSE at 1 of 2 periodic evaluations, finite at the end")
+    assert classify_blowup([float("inf"), None], 0.4)[:2] == (False, True)
+    assert classify_blowup([0.9], float("nan")) == (True, True, "non-finite final validation MSE")
+    assert classify_blowup([], None)[:2] == (True, True)
+    assert classify_blowup([], 999.0) == (False, False, "")
+    final, anyev, why = classify_blowup([], 1001.0)
+    assert final and anyev and "1e+03" in why
+    assert classify_blowup([0.5], 0.5, stopped="non-finite parameters after step 3") == (
+        True, True, "non-finite parameters after step 3")
 
 
 def test_fast_scan_matches_zoo_scan():
@@ -179,8 +183,9 @@ def _fake_run(log):
         return {
             "backbone": cfg.backbone, "variant": cfg.variant, "dataset": cfg.dataset,
             "horizon": cfg.horizon, "depth": cfg.depth, "seed": cfg.seed,
-            "val_mse": 0.5, "test_mse": 0.6, "blew_up": False, "blowup_reason": "",
-            "steps": cfg.steps, "seconds": 0.0, "device": "cpu", "d_model": cfg.d_model,
+            "val_mse": 0.5, "test_mse": 0.6, "blew_up_final": False, "blew_up_any": False, "blew_up": False,
+            "blowup_reason": "",
+            "steps": cfg.steps, "seconds": 0.0, "device": "cpu", "d_model": cfg.d_model, "lr": cfg.lr,
         }
     return run
 
@@ -212,6 +217,46 @@ def test_resume_runs_exactly_the_missing_keys(tmp_path, no_lint):
     assert third == []
 
 
+def _must_not_run(cfg):
+    raise AssertionError(f"{cfg.key} was run")
+
+
+def test_resume_refuses_runs_of_another_protocol(tmp_path):
+    """Finished runs count as done only under the same settings: else two protocols share a table."""
+    import inspect
+    import shutil
+
+    from qlint.zoo.mamba import MambaMixer
+
+    assert G.MAMBA_D_STATE == inspect.signature(MambaMixer).parameters["d_state"].default
+    shutil.copy(REPO / "results" / "etth1-small" / "runs.jsonl", tmp_path / "runs.jsonl")
+    quiet = {"progress": False, "log": lambda m: None, "run_fn": _must_not_run}
+    # the old grid (no d_state / revin / loss / amp in its records) is exactly small-v1: all 72 done
+    assert G.run_grid(G.build_grid(G.SCALES["small-v1"], ["/x/ETTh1.csv"]), tmp_path, **quiet) == []
+    with pytest.raises(G.ProtocolMismatch, match=r"mamba/free/ETTh1/96/3/0 with lr = 0.001, but this grid asks for 0.01"):
+        G.run_grid(G.build_grid(G.SCALES["small"], ["/x/ETTh1.csv"]), tmp_path, **quiet)
+    for knob, value in (("amp", "fp16"), ("d_state", 16), ("revin", True), ("loss", "l1"), ("steps", 300)):
+        configs = G.build_grid(G.SCALES["small-v1"], ["/x/ETTh1.csv"], **{knob: value})
+        with pytest.raises(G.ProtocolMismatch, match=f"with {knob} = "):
+            G.run_grid(configs, tmp_path, **quiet)
+
+
+def test_cli_refuses_to_resume_under_another_protocol(tmp_path, no_lint):
+    from click.testing import CliRunner
+
+    from qlint.cli import main
+
+    G.run_grid(_tiny_grid()[:2], tmp_path, progress=False, log=lambda m: None, run_fn=_fake_run([]))
+    before = (tmp_path / "runs.jsonl").read_text()
+    result = CliRunner().invoke(main, ["verify", "grid", "--scale", "smoke", "--out", str(tmp_path), "--lr", "0.5",
+                                       "--no-figures"])
+    assert result.exit_code == 2
+    assert result.output.splitlines()[-1] == (
+        f"qlint: error: {tmp_path / 'runs.jsonl'} already holds run mamba/free/synthetic/24/3/0 with lr = 0.001, "
+        "but this grid asks for 0.5: pass --out to a new folder, or the flags that match")
+    assert (tmp_path / "runs.jsonl").read_text() == before
+
+
 def test_lint_cached_once_per_config(tmp_path, monkeypatch):
     calls = []
 
@@ -234,24 +279,32 @@ def test_real_train_run_tiny():
                     steps=3, batch_size=4, d_model=8, seq_len=16, eval_every=2, max_eval_windows=8,
                     model_kwargs=(("n_heads", 2), ("d_ff", 8)))
     rec = train_run(cfg)
-    assert rec["steps"] == 3 and not rec["blew_up"] and math.isfinite(rec["val_mse"])
+    assert rec["steps"] == 3 and not rec["blew_up_final"] and not rec["blew_up_any"]
+    assert math.isfinite(rec["val_mse"]) and rec["blowup_reason"] == ""
     assert len(rec["val_history"]) == 1
+    assert (rec["amp"], rec["loss"], rec["revin"], rec["d_state"], rec["lr"]) == ("fp32", "mse", False, None, 1e-3)
     cfg2 = RunConfig("mamba", "free", "synthetic", "synthetic:600:3:0", horizon=8, depth=1, seed=0,
-                     steps=2, batch_size=4, d_model=8, seq_len=16, eval_every=0, max_eval_windows=8,
+                     steps=3, batch_size=4, d_model=8, seq_len=16, eval_every=0, max_eval_windows=8,
                      lr=1e12)
     rec2 = train_run(cfg2)  # an absurd learning rate diverges: caught and classified, no crash
-    assert rec2["blew_up"] and rec2["blowup_reason"]
-    assert rec2["test_mse"] is None or rec2["test_mse"] > BLOWUP_FACTOR
+    # fp32, no scaler: the overflowing step writes NaN into the weights, which stops the run
+    assert rec2["blew_up_final"] and rec2["blew_up_any"] and rec2["blew_up"]
+    assert rec2["blowup_reason"].startswith("non-finite parameters after step ")
+    assert rec2["steps"] < 3 and rec2["nonfinite_train_losses"] == 1
+    assert rec2["val_mse"] is None and rec2["test_mse"] is None
     json.dumps(rec2, allow_nan=False)
 
 
 # ------------------------------------------------------------------ tables
 
 
-def _rec(backbone, variant, q, dataset, horizon, depth, seed, blew, mse=0.5):
+def _rec(backbone, variant, q, dataset, horizon, depth, seed, blew, mse=0.5, any_eval=None):
+    """A runs.jsonl record; ``blew`` = the paper's rule, ``any_eval`` (default: ``blew``) the stricter one."""
+    any_eval = blew if any_eval is None else any_eval
     return {"backbone": backbone, "variant": variant, "q": q, "dataset": dataset, "horizon": horizon,
             "depth": depth, "seed": seed, "val_mse": None if blew else mse, "test_mse": None if blew else mse,
-            "blew_up": blew, "steps": 10, "seconds": 1.0, "device": "cpu", "d_model": 16}
+            "blew_up_final": blew, "blew_up_any": any_eval, "blew_up": any_eval,
+            "steps": 10, "seconds": 1.0, "device": "cpu", "d_model": 16}
 
 
 def _synthetic_runs():
@@ -260,7 +313,9 @@ def _synthetic_runs():
         for h in (96, 192):
             for depth in (3, 8):
                 for seed in range(3):
-                    runs.append(_rec("mamba", "free", 5.0, ds, h, depth, seed, blew=(depth == 8 or seed == 0), mse=0.6))
+                    # seed 1 at L=3 overflows mid-training and recovers: counted by the any rule only
+                    runs.append(_rec("mamba", "free", 5.0, ds, h, depth, seed, blew=(depth == 8 or seed == 0), mse=0.6,
+                                     any_eval=depth == 8 or seed in (0, 1)))
                     runs.append(_rec("mamba", "rmsnorm", 0.0, ds, h, depth, seed, False, 0.5))
                     runs.append(_rec("patchtst", "free", 1.0, ds, h, depth, seed, False, 0.4))
     return runs
@@ -278,27 +333,75 @@ def test_table2_layout(tmp_path):
         ["PatchTST", "free velocity", "1", "3"],
         ["PatchTST", "free velocity", "1", "8"],
     ]
-    assert rows[0][4:] == ["1/3", "1/3", "1/3", "1/3", "4/12"]
-    assert rows[1][4:] == ["3/3", "3/3", "3/3", "3/3", "12/12"]
-    assert rows[2][4:] == ["0/3"] * 4 + ["0/12"]
+    assert rows[0][4:] == ["1/3 (2/3)", "1/3 (2/3)", "1/3 (2/3)", "1/3 (2/3)", "4/12 (8/12)"]
+    assert rows[1][4:] == ["3/3 (3/3)"] * 4 + ["12/12 (12/12)"]
+    assert rows[2][4:] == ["0/3 (0/3)"] * 4 + ["0/12 (0/12)"]
     lines = T.summary_lines(runs)
-    assert lines[0] == "Mamba free velocity: q=5, blew up 16/24 (67%; L=3: 4/12, L=8: 12/12)"
+    assert lines[0] == ("Mamba free velocity: q=5, blew up 16/24 (67%; L=3: 4/12, L=8: 12/12); "
+                        "non-finite at any evaluation 20/24 (L=3: 8/12, L=8: 12/12)")
     checks = T.pattern_check(runs)
-    assert checks[0].startswith("q <= 1 variants: 0/48") and "holds" in checks[0]
+    assert checks[0] == ("q <= 1 variants: 0/48 runs blew up by the paper's rule (paper: 0 — holds); "
+                         "0/48 non-finite at some evaluation")
+    assert checks[1] == ("q > 1 variants: 16/24 runs blew up by the paper's rule (L=3: 4/12, L=8: 12/12); "
+                         "20/24 non-finite at some evaluation (L=3: 8/12, L=8: 12/12)")
     assert "rises with depth (L=3 -> L=8): yes" in checks[-1]
     # files
     with open(tmp_path / "runs.jsonl", "w") as fh:
         for r in runs:
             fh.write(json.dumps(r) + "\n")
     md = T.write_tables(tmp_path)
-    assert "| Mamba | free velocity | 5 | 8 | 3/3 | 3/3 | 3/3 | 3/3 | 12/12 |" in md
+    assert "| Mamba | free velocity | 5 | 3 | 1/3 (2/3) | 1/3 (2/3) | 1/3 (2/3) | 1/3 (2/3) | 4/12 (8/12) |" in md
+    assert "k blew up by the paper's rule" in md
     csv_text = (tmp_path / "table2.csv").read_text().splitlines()
     assert csv_text[0] == "Backbone,Variant,q,L,ETTm1 H96,ETTm1 H192,weather H96,weather H192,Σ"
-    assert csv_text[2] == "Mamba,free velocity,5,8,3/3,3/3,3/3,3/3,12/12"
+    assert csv_text[2] == "Mamba,free velocity,5,8,3/3 (3/3),3/3 (3/3),3/3 (3/3),3/3 (3/3),12/12 (12/12)"
+    summary = (tmp_path / "summary.txt").read_text().splitlines()
+    assert summary[0] == lines[0] and summary[len(lines)] == checks[0]
     dev = T.deviations(runs)
     cell = dev[("mamba", "ETTm1", 96, 3)]
-    assert cell["free"]["blown"] == 1 and cell["rmsnorm"]["dev_pct"] == pytest.approx(-100 * 0.1 / 1.1)
+    # the seed that recovered by the end keeps its test MSE: only the paper's blow-up is left out
+    assert cell["free"]["blown"] == 1 and cell["free"]["mean"] == pytest.approx(0.6) and cell["rmsnorm"]["dev_pct"] == pytest.approx(-100 * 0.1 / 1.1)
     assert dev[("mamba", "ETTm1", 96, 8)]["free"]["dev_pct"] is None  # all seeds blew up
+
+
+def test_tables_render_old_runs_without_both_counts(tmp_path):
+    """results/etth1-small predates blew_up_final / blew_up_any: its table still renders."""
+    import shutil
+
+    src = REPO / "results" / "etth1-small" / "runs.jsonl"
+    old = G.read_runs(src)
+    assert len(old) == 72 and not any("blew_up_final" in r or "blew_up_any" in r for r in old)
+    shutil.copy(src, tmp_path / "runs.jsonl")
+    md = T.write_tables(tmp_path)
+    assert "| Mamba | free velocity | 5 | 8 | 0/2 (0/2) | 0/2 (0/2) | 0/4 (0/4) |" in md
+    assert "| PatchTST | Peri-LN | 0 | 3 | 0/2 (0/2) | 0/2 (0/2) | 0/4 (0/4) |" in md
+    assert (tmp_path / "summary.txt").read_text().splitlines()[-2:] == [
+        "q > 1 variants: 0/8 runs blew up by the paper's rule (L=3: 0/4, L=8: 0/4); "
+        "0/8 non-finite at some evaluation (L=3: 0/4, L=8: 0/4)",
+        "no supercritical run blew up at this scale: the paper's q > 1 divergence is NOT reproduced here",
+    ]
+    # the old harness's reasons: a stop on a non-finite training loss or a bad final val MSE decides
+    # the paper's rule; a stop at a mid-training evaluation leaves the end unknown ("n/a")
+    base = {k: old[0][k] for k in ("backbone", "variant", "q", "dataset", "horizon", "depth", "d_model")}
+    olds = [
+        {**base, "seed": 10, "blew_up": True, "blowup_reason": "non-finite training loss at step 7"},
+        {**base, "seed": 11, "blew_up": True, "blowup_reason": "final val MSE 2.1e+04 > 1e+03 x Var(target)"},
+        {**base, "seed": 12, "blew_up": True, "blowup_reason": "non-finite validation loss"},
+    ]
+    assert [T.blew_up_final(r) for r in olds] == [True, True, True]
+    header, rows = T.table2(olds)
+    assert rows[0][4:] == ["3/3 (3/3)", "3/3 (3/3)"]
+    unknown = {**base, "seed": 13, "blew_up": True, "blowup_reason": "non-finite validation loss at step 100"}
+    assert T.blew_up_final(unknown) is None and T.blew_up_any(unknown) is True
+    header, rows = T.table2(olds + [unknown])
+    assert rows[0][4:] == ["n/a (4/4)", "n/a (4/4)"]
+    assert T.summary_lines(olds + [unknown])[0].startswith("Mamba free velocity: q=5, blew up n/a/4 (L=3: n/a/4); ")
+    assert T.pattern_check(olds + [unknown]) == [
+        "q <= 1 variants: 0/0 runs blew up by the paper's rule (paper: 0 — no runs to test it); "
+        "0/0 non-finite at some evaluation",
+        "q > 1 variants: n/a/4 runs blew up by the paper's rule (L=3: n/a/4); 4/4 non-finite at some evaluation "
+        "(L=3: 4/4)",
+    ]
 
 
 def test_figures_write(tmp_path):
@@ -400,10 +503,86 @@ def test_grid_filters():
     ]
 
 
-def test_bf16_autocast_run():
+def _protocol(c: RunConfig) -> tuple:
+    return (c.lr, c.d_model, c.batch_size, c.steps, c.d_state, c.revin, c.loss, c.amp)
+
+
+def test_presets_keep_their_values():
+    from qlint.cli.verify import SCALE_NAMES
+
+    assert SCALE_NAMES == tuple(G.SCALES)
+    small, v1 = G.SCALES["small"], G.SCALES["small-v1"]
+    # issue 15's regime: d_model 16, batch 16, Adam lr 1e-2 constant, 300 steps, H {96, 192}, L {3, 8}, 3 seeds
+    assert (small.lr, small.d_model, small.batch_size, small.steps) == (1e-2, {"mamba": 16, "patchtst": 16}, 16, 300)
+    assert (small.horizons, small.depths, small.seeds) == ((96, 192), (3, 8), (0, 1, 2))
+    # the first small grid (results/etth1-small) stays reachable with its settings
+    assert (v1.lr, v1.d_model, v1.batch_size, v1.steps) == (1e-3, {"mamba": 16, "patchtst": 16}, 16, 200)
+    assert (v1.horizons, v1.depths, v1.seeds, v1.eval_every, v1.max_eval_windows) == ((96, 192), (3, 8), (0, 1), 100, 384)
+    runs = G.build_grid(v1, ["/x/ETTh1.csv"])
+    assert len(runs) == 72
+    assert {_protocol(c) for c in runs if c.backbone == "mamba"} == {(1e-3, 16, 16, 200, 8, False, "mse", "fp32")}
+    assert {_protocol(c) for c in runs if c.backbone == "patchtst"} == {(1e-3, 16, 16, 200, None, False, "mse", "fp32")}
+    assert len(G.build_grid(small, ["/x/ETTh1.csv"])) == 108
+
+
+def test_protocol_flags_override_the_preset():
+    runs = G.build_grid(G.SCALES["small-v1"], ["/x/ETTh1.csv"], lr=1e-2, d_model=24, batch_size=8, steps=7,
+                        d_state=4, revin=True, loss="l1", amp="fp16")
+    assert {_protocol(c) for c in runs if c.backbone == "mamba"} == {(1e-2, 24, 8, 7, 4, True, "l1", "fp16")}
+    # d_state is Mamba's: PatchTST has none
+    assert {_protocol(c) for c in runs if c.backbone == "patchtst"} == {(1e-2, 24, 8, 7, None, True, "l1", "fp16")}
+    # distinct models get distinct lint entries; records without d_state / revin keep the old key
+    assert G.lint_key({"backbone": "mamba", "variant": "free", "depth": 3, "d_model": 16}) == "mamba/free/L3/d16"
+    assert G._lint_key(runs[0]) == "mamba/free/L3/d24/s4/revin"
+
+
+@pytest.mark.parametrize("amp", ["bf16", "fp16"])
+def test_amp_autocast_run(amp):
     from qlint.verify.train import train_run
 
     cfg = RunConfig("mamba", "rmsnorm", "synthetic", "synthetic:600:3:0", horizon=8, depth=1, seed=0,
-                    steps=2, batch_size=4, d_model=8, seq_len=16, eval_every=0, max_eval_windows=8, bf16=True)
+                    steps=2, batch_size=4, d_model=8, seq_len=16, eval_every=0, max_eval_windows=8, amp=amp,
+                    loss="l1", revin=True, d_state=4)
     rec = train_run(cfg)
-    assert rec["bf16"] and rec["steps"] == 2 and math.isfinite(rec["val_mse"])
+    assert (rec["amp"], rec["loss"], rec["revin"], rec["d_state"]) == (amp, "l1", True, 4)
+    assert rec["steps"] == 2 and math.isfinite(rec["val_mse"]) and not rec["blew_up_final"]
+
+
+def test_fp16_overflow_is_skipped_by_the_scaler_and_blows_up_at_the_end():
+    """Under fp16 an overflowing forward does not stop training (the GradScaler skips the step, the
+    fp32 master weights stay finite); the fp16 evaluation overflows, so the run blew up by both rules."""
+    from qlint.verify.train import train_run
+
+    cfg = RunConfig("patchtst", "free", "synthetic", "synthetic:600:3:0", horizon=8, depth=1, seed=0,
+                    steps=3, batch_size=4, d_model=8, seq_len=16, eval_every=2, max_eval_windows=8,
+                    model_kwargs=(("n_heads", 2), ("d_ff", 8)), lr=1e12, amp="fp16")
+    rec = train_run(cfg)
+    assert rec["steps"] == 3 and rec["nonfinite_train_losses"] == 2  # steps 2 and 3 overflowed, both skipped
+    assert rec["val_history"] == [None]
+    assert (rec["blew_up_final"], rec["blew_up_any"]) == (True, True)
+    assert rec["blowup_reason"] == "non-finite final validation MSE"
+    json.dumps(rec, allow_nan=False)
+
+
+def test_cli_protocol_flags_reach_every_row(tmp_path):
+    """--lr/--d-model/--batch-size/--steps/--d-state/--revin/--loss/--bf16 through the CLI, real runs."""
+    from click.testing import CliRunner
+
+    from qlint.cli import main
+
+    out = tmp_path / "knobs"
+    args = ["verify", "grid", "--scale", "smoke", "--out", str(out), "--backbone", "mamba", "--backbone", "patchtst",
+            "--variant", "free", "--depth", "3", "--no-figures", "--lr", "0.005", "--d-model", "12",
+            "--batch-size", "4", "--steps", "3", "--d-state", "4", "--revin", "--loss", "l1", "--bf16"]
+    result = CliRunner().invoke(main, args)
+    assert result.exit_code == 0, result.output + repr(result.exception)
+    recs = sorted(G.read_runs(out / "runs.jsonl"), key=lambda r: r["backbone"])
+    assert [r["backbone"] for r in recs] == ["mamba", "patchtst"]
+    for r in recs:
+        assert (r["lr"], r["d_model"], r["batch_size"], r["steps_budget"], r["steps"]) == (0.005, 12, 4, 3, 3)
+        assert (r["revin"], r["loss"], r["amp"], r["scale"]) == (True, "l1", "bf16", "smoke")
+        assert r["blew_up_final"] is False and r["blew_up_any"] is False
+    assert [r["d_state"] for r in recs] == [4, None]
+    assert recs[0]["q"] == 5.0 and recs[1]["q"] == 1.0  # linted with the knobs: q is the architecture's
+    clash = CliRunner().invoke(main, args[:-1] + ["--bf16", "--amp", "fp16"])
+    assert clash.exit_code == 2 and "--bf16 contradicts --amp fp16" in clash.output

@@ -1,14 +1,32 @@
-"""``qlint verify``: reproduce the reference experiments (training blow-ups vs q)."""
+"""``qlint verify``: reproduce the reference experiments (training blow-ups vs q).
+
+It needs the ``verify`` extra (numpy; matplotlib for figures), which the core linter
+does not: without it each subcommand exits 2 with one line saying what to install.
+"""
 
 from __future__ import annotations
 
+import importlib
 import sys
 import time
 from pathlib import Path
 
 import click
 
-SCALE_NAMES = ("smoke", "small", "paper")
+# = tuple(qlint.verify.grid.SCALES), spelled out so that `--help` needs no numpy (tested)
+SCALE_NAMES = ("smoke", "small", "small-v1", "paper")
+
+VERIFY_EXTRA = "pip install 'torch-qlint[verify]'"
+
+
+def require(*modules: str, why: str = "", hint: str = VERIFY_EXTRA) -> None:
+    """Exit 2 with one line naming what to install when one of ``modules`` cannot be imported."""
+    for name in modules:
+        try:
+            importlib.import_module(name)
+        except ImportError:
+            click.echo(f"qlint: error: qlint verify{why} needs {name}, which is not installed: {hint}", err=True)
+            sys.exit(2)
 
 
 @click.group("verify")
@@ -20,26 +38,47 @@ def command() -> None:
     Examples:
       qlint verify grid --scale smoke --out /tmp/smoke
       qlint verify grid --scale small --out results/etth1-small --workers 2
+      qlint verify grid --scale small --lr 1e-3 --steps 1000 --amp fp16 --out /tmp/fp16
       qlint verify grid --scale paper --data ETTm1.csv --data weather.csv --device cuda --workers 8
+      qlint verify grid --scale paper --data ETTm1.csv --backend ray --address auto --gpus-per-run 0.25
       qlint verify figure1 --out figure1.png
     """
 
 
 @command.command("grid")
 @click.option("--scale", type=click.Choice(SCALE_NAMES), default="small", show_default=True,
-              help="smoke: synthetic, seconds (CI); small: ETTh1 on a CPU, ~1 h; paper: ETTm1 + Weather, GPU.")
+              help="smoke: synthetic, seconds (CI); small: ETTh1 on a CPU, lr 1e-2, 300 steps, 3 seeds; "
+                   "small-v1: the first small grid (lr 1e-3, 200 steps, 2 seeds); paper: ETTm1 + Weather, GPU.")
 @click.option("--data", "data", multiple=True, type=click.Path(dir_okay=False),
               help="Data CSV (repeatable; ETTh*/ETTm*/other from the file name). Default: the scale's, "
                    "else $QLINT_DATA, else ../shared/data/ETT-small/ETTh1.csv.")
 @click.option("--out", "out", type=click.Path(file_okay=False), default=None,
               help="Output folder (runs.jsonl, table2.md/csv, figures). Default: results/<scale>.")
 @click.option("--device", type=click.Choice(("auto", "cpu", "cuda")), default="auto", show_default=True)
-@click.option("--bf16", is_flag=True, help="bf16 autocast for forward passes.")
+@click.option("--lr", type=float, default=None, help="Adam learning rate (constant). Default: the scale's.")
+@click.option("--d-model", "d_model", type=int, default=None, help="Model width, both backbones. Default: the scale's.")
+@click.option("--batch-size", "batch_size", type=int, default=None, help="Training windows per step. Default: the scale's.")
+@click.option("--steps", type=int, default=None, help="Adam steps per run. Default: the scale's.")
+@click.option("--d-state", "d_state", type=int, default=None, help="Mamba's SSM state size. Default: the scale's (8).")
+@click.option("--revin/--no-revin", default=None, help="RevIN instance normalisation around the model. Default: the scale's (off).")
+@click.option("--loss", type=click.Choice(("mse", "l1")), default=None, help="Training loss (evaluation is MSE). Default: mse.")
+@click.option("--amp", type=click.Choice(("fp32", "fp16", "bf16")), default=None,
+              help="fp16: autocast fp16 with a GradScaler (overflows at 65504); bf16: autocast bf16. Default: fp32.")
+@click.option("--bf16", is_flag=True, help="Same as --amp bf16.")
 @click.option("--shard", default=None, metavar="k/n", help="Run only run i with i % n == k-1 of the grid.")
+@click.option("--backend", type=click.Choice(("local", "ray")), default="local", show_default=True,
+              help="local: this process or a process pool (--workers); ray: one Ray task per run "
+                   "(pip install 'torch-qlint[distributed]').")
+@click.option("--address", default=None,
+              help="Ray cluster to join (e.g. auto, ray://head:10001). Default: start a local one.")
+@click.option("--gpus-per-run", "gpus_per_run", type=float, default=0.25, show_default=True,
+              help="Ray: fraction of a GPU per run when training on cuda.")
+@click.option("--max-retries", "max_retries", type=int, default=3, show_default=True,
+              help="Ray: retries of a run whose worker died.")
 @click.option("--workers", type=int, default=1, show_default=True,
-              help="Parallel runs (spawned processes; on cuda at most one per GPU).")
+              help="Parallel runs (local: spawned processes, on cuda at most one per GPU; "
+                   "ray: CPUs of a fresh local cluster, default all of them).")
 @click.option("--threads", type=int, default=0, help="torch threads per run (0: 1 on cpu, else cores / workers).")
-@click.option("--steps", type=int, default=None, help="Override the scale's step budget.")
 @click.option("--backbone", "backbones", multiple=True, type=click.Choice(("mamba", "patchtst")),
               help="Restrict to these backbones (default: both).")
 @click.option("--variant", "variants", multiple=True,
@@ -50,10 +89,21 @@ def command() -> None:
 @click.option("--seeds", "n_seeds", type=int, default=None, help="Override the number of seeds (0..N-1).")
 @click.option("--no-progress", is_flag=True, help="Plain log lines instead of a progress bar.")
 @click.option("--no-figures", is_flag=True, help="Skip the PNG figures.")
-def grid(scale, data, out, device, bf16, shard, workers, threads, steps, backbones, variants, horizons, depths,
+def grid(scale, data, out, device, lr, d_model, batch_size, steps, d_state, revin, loss, amp, bf16, shard,
+         backend, address, gpus_per_run, max_retries, workers, threads, backbones, variants, horizons, depths,
          n_seeds, no_progress, no_figures):
     """Train the grid (resumable: finished runs in OUT/runs.jsonl are skipped), then write
-    Table 2 and the Figure 3/4 MSE plots."""
+    Table 2 and the Figure 3/4 MSE plots. Every protocol flag overrides the scale's value
+    and is recorded in each run's row."""
+    require("numpy")
+    if not no_figures:
+        require("matplotlib", why=" grid's figures", hint=f"{VERIFY_EXTRA} (or pass --no-figures)")
+    if backend == "ray":
+        require("ray", why=" --backend ray", hint="pip install 'torch-qlint[distributed]'")
+    if bf16:
+        if amp not in (None, "bf16"):
+            raise click.UsageError(f"--bf16 contradicts --amp {amp}")
+        amp = "bf16"
     from qlint.verify import grid as G
     from qlint.verify.data import default_data_path
     from qlint.verify.tables import write_tables
@@ -80,9 +130,9 @@ def grid(scale, data, out, device, bf16, shard, workers, threads, steps, backbon
     except ValueError as exc:
         raise click.BadParameter(str(exc), param_hint="--shard") from None
     out = Path(out or Path("results") / scale)
-    configs = G.build_grid(sc, paths, device=device, bf16=bf16, steps=steps, backbones=backbones or None,
-                           variants=variants or None, horizons=horizons or None, depths=depths or None,
-                           n_seeds=n_seeds)
+    configs = G.build_grid(sc, paths, device=device, backbones=backbones or None, variants=variants or None,
+                           horizons=horizons or None, depths=depths or None, n_seeds=n_seeds, steps=steps, lr=lr,
+                           d_model=d_model, batch_size=batch_size, d_state=d_state, revin=revin, loss=loss, amp=amp)
     if not configs:
         raise click.UsageError("the selection is empty")
     configs = G.shard(configs, k, n)
@@ -91,22 +141,23 @@ def grid(scale, data, out, device, bf16, shard, workers, threads, steps, backbon
     def log(msg: str) -> None:
         click.echo(msg, err=True)
 
-    log(f"qlint verify grid --scale {scale}: data {', '.join(paths)}; shard {k}/{n}; out {out}")
+    log(f"qlint verify grid --scale {scale}: data {', '.join(paths)}; shard {k}/{n}; backend {backend}; out {out}")
     error = None
     try:
         G.run_grid(configs, out, workers=workers, threads=threads, scale_name=scale,
-                   progress=not no_progress and sys.stderr.isatty(), log=log)
+                   progress=not no_progress and sys.stderr.isatty(), log=log, backend=backend, address=address,
+                   gpus_per_run=gpus_per_run, max_retries=max_retries)
+    except G.ProtocolMismatch as exc:  # raised before any run started
+        click.echo(f"qlint: error: {exc}", err=True)
+        sys.exit(2)
     except G.GridError as exc:
         error = exc
     md = write_tables(out, title=f"scale {scale}")
     if not no_figures:
-        try:
-            from qlint.verify.figures import write_figures
+        from qlint.verify.figures import write_figures
 
-            for p in write_figures(out):
-                log(f"wrote {p}")
-        except RuntimeError as exc:  # matplotlib missing
-            log(str(exc))
+        for p in write_figures(out):
+            log(f"wrote {p}")
     log(f"wrote {out / 'runs.jsonl'}, {out / 'table2.md'}, {out / 'table2.csv'} ({time.perf_counter() - t0:.1f}s)")
     click.echo(md)
     if error is not None:
@@ -119,16 +170,16 @@ def grid(scale, data, out, device, bf16, shard, workers, threads, steps, backbon
 @click.option("--no-figures", is_flag=True)
 def table(out, no_figures):
     """Rebuild table2.md / table2.csv (and figures) from OUT/runs.jsonl."""
+    require("numpy")
+    if not no_figures:
+        require("matplotlib", why=" table's figures", hint=f"{VERIFY_EXTRA} (or pass --no-figures)")
     from qlint.verify.tables import write_tables
 
     md = write_tables(out)
     if not no_figures:
-        try:
-            from qlint.verify.figures import write_figures
+        from qlint.verify.figures import write_figures
 
-            write_figures(out)
-        except RuntimeError as exc:
-            click.echo(str(exc), err=True)
+        write_figures(out)
     click.echo(md)
 
 
@@ -141,12 +192,10 @@ def table(out, no_figures):
 def figure1(out, cs, r0, depth):
     """Figure 1: r_{k+1} = r_k + c r_k^q for q in {0.5, 1, 2, 5} against the fp16/bf16/fp32
     maxima, with the overflow depth of each trajectory."""
+    require("numpy", "matplotlib")
     from qlint.verify.figures import LIMITS, figure1 as fig1
 
-    try:
-        depths = fig1(out, cs=cs, r0=r0, depth=depth)
-    except RuntimeError as exc:
-        raise click.ClickException(str(exc)) from None
+    depths = fig1(out, cs=cs, r0=r0, depth=depth)
     for c in cs:
         for q in (0.5, 1.0, 2.0, 5.0):
             cells = ", ".join(

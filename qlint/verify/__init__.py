@@ -7,8 +7,8 @@ exponent q that ``qlint.analyze`` predicts statically. Figure 1 (the overflow de
 r_{k+1} = r_k + c r_k^q) is :func:`qlint.verify.figures.figure1`.
 
 Modules: ``data`` (CSV loaders, split protocol, synthetic series), ``train`` (one run,
-blow-up criterion), ``grid`` (scales, resume, shards, workers), ``tables`` (Table 2,
-summary), ``figures`` (Figures 1, 3, 4).
+blow-up criteria), ``grid`` (scales, resume, shards, workers), ``ray_backend`` (the grid
+as Ray tasks), ``tables`` (Table 2, summary), ``figures`` (Figures 1, 3, 4).
 """
 
 from qlint.verify.figures import overflow_depth

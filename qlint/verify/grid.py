@@ -9,6 +9,8 @@
   ``i % n == k - 1``, so n machines split one grid exactly.
 * ``workers > 1`` runs independent runs in a spawn-context ProcessPoolExecutor (on
   cuda: at most one process per GPU, each pinned to its own device).
+* ``backend="ray"`` runs each run as a Ray task instead (:mod:`qlint.verify.ray_backend`).
+  Whatever the backend, only this driver process appends to runs.jsonl.
 """
 
 from __future__ import annotations
@@ -17,9 +19,9 @@ import json
 import math
 import os
 import time
-from dataclasses import dataclass, field, replace
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
-from typing import Any, Callable, Iterable, Optional
+from typing import Any, Callable, Iterable, Iterator, Optional
 
 from qlint.core.algebra import format_q
 from qlint.verify.train import KEY_FIELDS, RunConfig, run_key
@@ -28,6 +30,11 @@ BACKBONES: dict[str, tuple[str, ...]] = {
     "mamba": ("free", "rmsnorm", "preln", "periln", "linear"),
     "patchtst": ("free", "rmsnorm", "preln", "periln"),
 }
+
+BACKENDS = ("local", "ray")
+
+MAMBA_D_STATE = 8
+"""The zoo's MambaMixer default: every run recorded before --d-state existed used it."""
 
 
 @dataclass(frozen=True)
@@ -46,6 +53,10 @@ class Scale:
     eval_every: int = 100
     max_eval_windows: int = 512
     lr: float = 1e-3
+    d_state: int = MAMBA_D_STATE  # Mamba's SSM state size
+    revin: bool = False
+    loss: str = "mse"
+    amp: str = "fp32"
     seeds_by_kind: dict[str, tuple[int, ...]] = field(default_factory=dict)
     model_kwargs: dict[str, tuple] = field(default_factory=dict)
 
@@ -73,11 +84,27 @@ SCALES: dict[str, Scale] = {
         max_eval_windows=32,
         model_kwargs={"patchtst": (("n_heads", 2), ("d_ff", 16), ("patch_len", 4), ("stride", 2))},
     ),
-    # 2-core CPU, ~1 h: ETTh1, H in {96, 192}, L in {3, 8}, 2 seeds, 200 Adam steps of 16 windows
-    # (a Mamba L=8 step is ~0.4 s on one EPYC core: the scan is a Python loop over 96 steps).
+    # 2-core CPU: ETTh1, H in {96, 192}, L in {3, 8}, 3 seeds, 300 Adam steps of 16 windows at a
+    # constant lr 1e-2 -- the regime of issue 15 in which free Mamba (q = 5) was measured to blow
+    # up (L = 8: 2 of 6 seeds) while every q <= 1 variant stayed finite.
     "small": Scale(
         name="small",
         data=None,  # default: ETTh1 beside the repo (see data.default_data_path)
+        horizons=(96, 192),
+        depths=(3, 8),
+        seeds=(0, 1, 2),
+        steps=300,
+        batch_size=16,
+        d_model={"mamba": 16, "patchtst": 16},
+        lr=1e-2,
+        eval_every=100,
+        max_eval_windows=384,
+    ),
+    # The first small grid (results/etth1-small): as "small" but lr 1e-3, 200 steps, 2 seeds;
+    # nothing blew up in it. ~1 h on 2 cores (a Mamba L=8 step is ~0.4 s on one EPYC core).
+    "small-v1": Scale(
+        name="small-v1",
+        data=None,
         horizons=(96, 192),
         depths=(3, 8),
         seeds=(0, 1),
@@ -110,17 +137,28 @@ def build_grid(
     data_paths: Iterable[str],
     *,
     device: str = "cpu",
-    bf16: bool = False,
-    steps: Optional[int] = None,
     backbones: Optional[Iterable[str]] = None,
     variants: Optional[Iterable[str]] = None,
     horizons: Optional[Iterable[int]] = None,
     depths: Optional[Iterable[int]] = None,
     n_seeds: Optional[int] = None,
+    steps: Optional[int] = None,
+    lr: Optional[float] = None,
+    d_model: Optional[int] = None,
+    batch_size: Optional[int] = None,
+    d_state: Optional[int] = None,
+    revin: Optional[bool] = None,
+    loss: Optional[str] = None,
+    amp: Optional[str] = None,
 ) -> list[RunConfig]:
     """The full grid in its canonical order (seed outermost, so a partial grid covers
-    every cell once before any cell twice)."""
+    every cell once before any cell twice). Each protocol knob (``steps`` ... ``amp``)
+    left at None takes the scale's value; ``d_model`` applies to both backbones and
+    ``d_state`` to Mamba only."""
     from qlint.verify.data import dataset_name
+
+    def pick(override, preset):
+        return preset if override is None else override
 
     backbones = tuple(backbones or BACKBONES)
     variants = set(variants) if variants else None
@@ -154,15 +192,18 @@ def build_grid(
                                     horizon=horizon,
                                     depth=depth,
                                     seed=seeds[si],
-                                    steps=steps or scale.steps,
-                                    batch_size=scale.batch_size,
-                                    lr=scale.lr,
-                                    d_model=scale.d_model[backbone],
+                                    steps=pick(steps, scale.steps),
+                                    batch_size=pick(batch_size, scale.batch_size),
+                                    lr=pick(lr, scale.lr),
+                                    d_model=pick(d_model, scale.d_model[backbone]),
+                                    d_state=pick(d_state, scale.d_state) if backbone == "mamba" else None,
+                                    revin=pick(revin, scale.revin),
+                                    loss=pick(loss, scale.loss),
+                                    amp=pick(amp, scale.amp),
                                     seq_len=scale.seq_len,
                                     eval_every=scale.eval_every,
                                     max_eval_windows=scale.max_eval_windows,
                                     device=device,
-                                    bf16=bf16,
                                     model_kwargs=scale.model_kwargs.get(backbone, ()),
                                 )
                             )
@@ -210,8 +251,42 @@ def read_runs(path: str | os.PathLike) -> list[dict[str, Any]]:
     return out
 
 
-def done_keys(path: str | os.PathLike) -> set[tuple]:
-    return {run_key(r) for r in read_runs(path)}
+def protocol(run: dict[str, Any]) -> dict[str, Any]:
+    """The training protocol of a record or ``asdict(RunConfig)``. A knob that did not exist
+    when a record was written gets the value every run had then; one a record does not
+    state is None."""
+    amp = run.get("amp") or ("bf16" if run.get("bf16") else "fp32")
+    return {
+        "lr": run.get("lr"),
+        "d_model": run.get("d_model"),
+        "batch_size": run.get("batch_size"),
+        "steps": run.get("steps_budget", run.get("steps")),
+        "seq_len": run.get("seq_len"),
+        "d_state": run.get("d_state", MAMBA_D_STATE if run["backbone"] == "mamba" else None),
+        "revin": run.get("revin", False),
+        "loss": run.get("loss", "mse"),
+        "amp": amp,
+    }
+
+
+class ProtocolMismatch(ValueError):
+    """runs.jsonl holds some of the requested runs, trained under another protocol."""
+
+
+def check_protocol(configs: list[RunConfig], runs: list[dict[str, Any]], runs_path: os.PathLike) -> None:
+    """Refuse to resume into a runs.jsonl whose finished runs used other settings: skipping
+    them as done would put two protocols into one table."""
+    wanted = {c.key: protocol(asdict(c)) for c in configs}
+    for rec in runs:
+        want = wanted.get(run_key(rec))
+        if want is None:
+            continue
+        for name, value in protocol(rec).items():
+            if value is not None and value != want[name]:
+                raise ProtocolMismatch(
+                    f"{runs_path} already holds run {'/'.join(map(str, run_key(rec)))} with {name} = {value}, "
+                    f"but this grid asks for {want[name]}: pass --out to a new folder, or the flags that match"
+                )
 
 
 def repair_tail(path: str | os.PathLike) -> None:
@@ -238,28 +313,32 @@ def append_run(path: str | os.PathLike, record: dict[str, Any]) -> None:
 # ---------------------------------------------------------------------- lint
 
 
+def lint_key(run: dict[str, Any]) -> str:
+    """The lint.json key of a run (a record or ``asdict(RunConfig)``): one per distinct model.
+
+    Records written before d_state / revin were knobs lack them and keep their old key.
+    """
+    key = f"{run['backbone']}/{run['variant']}/L{run['depth']}/d{run.get('d_model')}"
+    if run.get("d_state") is not None:
+        key += f"/s{run['d_state']}"
+    if run.get("revin"):
+        key += "/revin"
+    return key
+
+
 def _lint_key(cfg: RunConfig) -> str:
-    return f"{cfg.backbone}/{cfg.variant}/L{cfg.depth}/d{cfg.d_model}"
+    return lint_key(asdict(cfg))
 
 
 def lint_config(cfg: RunConfig, n_vars: int) -> dict[str, Any]:
-    """``qlint.analyze`` on the model of ``cfg`` (once per backbone × variant × depth)."""
+    """``qlint.analyze`` on the model of ``cfg`` (once per distinct model, see :func:`lint_key`)."""
     import torch
 
     from qlint.api import analyze
-    from qlint.verify.train import build_model
+    from qlint.verify.train import build_for
 
     torch.manual_seed(0)
-    model = build_model(
-        cfg.backbone,
-        cfg.variant,
-        n_vars=n_vars,
-        seq_len=cfg.seq_len,
-        horizon=cfg.horizon,
-        d_model=cfg.d_model,
-        depth=cfg.depth,
-        **dict(cfg.model_kwargs),
-    )
+    model = build_for(cfg, n_vars)
     model.eval()
     inputs = (torch.randn(2, cfg.seq_len, n_vars),)
     report = analyze(model, inputs)
@@ -351,20 +430,32 @@ def run_grid(
     progress: bool = True,
     log: Callable[[str], None] = print,
     run_fn: Optional[Callable[[RunConfig], dict]] = None,
+    backend: str = "local",
+    address: Optional[str] = None,
+    gpus_per_run: float = 0.25,
+    max_retries: int = 3,
 ) -> list[dict[str, Any]]:
     """Run every config whose key is not yet in ``out_dir/runs.jsonl``; return the new records.
 
-    ``run_fn`` (default :func:`qlint.verify.train.train_run`) is replaceable for tests; it
-    is only used in-process (``workers == 1``).
+    ``backend="local"``: in this process (``workers == 1``) or a process pool;
+    ``backend="ray"``: one Ray task per run (see :func:`qlint.verify.ray_backend.ray_outcomes`
+    for ``address``, ``gpus_per_run``, ``max_retries``; ``workers > 1`` sizes a fresh local
+    cluster). ``run_fn`` (default :func:`qlint.verify.train.train_run`) is replaceable for
+    tests, in-process and on Ray (not in the process pool). Records are appended here, by
+    the driver, as the runs finish.
     """
     from qlint.verify.data import load_dataset
     from qlint.verify.train import resolve_device, train_run
 
+    if backend not in BACKENDS:
+        raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     runs_path = out / "runs.jsonl"
     repair_tail(runs_path)
-    done = done_keys(runs_path)
+    finished = read_runs(runs_path)
+    check_protocol(configs, finished, runs_path)
+    done = {run_key(r) for r in finished}
     todo = [c for c in configs if c.key not in done]
     log(f"grid: {len(configs)} runs in this shard, {len(configs) - len(todo)} already done, {len(todo)} to run")
     if not todo:
@@ -372,20 +463,25 @@ def run_grid(
 
     lint = lint_all(todo, out / "lint.json", lambda p: load_dataset(p, todo[0].seq_len).n_vars, log)
 
-    device = resolve_device(todo[0].device)
-    todo = [replace(c, device=device) for c in todo]
-    gpu_ids: list[int] = []
-    if device.startswith("cuda") and workers > 1:
-        import torch
+    fn = run_fn or train_run
+    if backend == "ray":
+        from qlint.verify.ray_backend import ray_outcomes
 
-        gpu_ids = list(range(torch.cuda.device_count()))
-        workers = max(1, min(workers, len(gpu_ids)))
-    if workers <= 1 and (threads or device == "cpu"):
-        import torch
+        outcomes = ray_outcomes(todo, fn, address=address, num_cpus=workers if workers > 1 else None,
+                                threads=threads, gpus_per_run=gpus_per_run, max_retries=max_retries, log=log)
+    else:
+        device = resolve_device(todo[0].device)
+        todo = [replace(c, device=device) for c in todo]
+        if workers <= 1:
+            if threads or device == "cpu":
+                import torch
 
-        # These models are tiny: intra-op threads barely help and thrash on a shared
-        # CPU, so a CPU run uses one thread unless --threads says otherwise.
-        torch.set_num_threads(threads or 1)
+                # These models are tiny: intra-op threads barely help and thrash on a shared
+                # CPU, so a CPU run uses one thread unless --threads says otherwise.
+                torch.set_num_threads(threads or 1)
+            outcomes = _inline_outcomes(todo, fn)
+        else:
+            outcomes = _pool_outcomes(todo, workers, threads, device)
 
     retries: dict[str, int] = {}
 
@@ -407,63 +503,79 @@ def run_grid(
 
     def describe(rec: dict[str, Any]) -> str:
         mse = rec.get("val_mse")
+        if rec.get("blew_up_final"):
+            status = f"BLEW UP ({rec['blowup_reason']})"
+        elif rec.get("blew_up_any"):
+            status = f"ok at the end ({rec['blowup_reason']})"
+        else:
+            status = "ok"
         return (
             f"{rec['backbone']}/{rec['variant']} q={format_q(rec.get('q'))} {rec['dataset']} "
             f"H={rec['horizon']} L={rec['depth']} seed={rec['seed']}: "
-            f"val {mse if mse is None else f'{mse:.4f}'} "
-            f"{'BLEW UP (' + rec['blowup_reason'] + ')' if rec['blew_up'] else 'ok'} "
-            f"[{rec['seconds']:.1f}s]"
+            f"val {mse if mse is None else f'{mse:.4f}'} {status} [{rec['seconds']:.1f}s]"
         )
 
     results: list[dict[str, Any]] = []
     failed: list[str] = []
-
-    def fail(cfg: RunConfig, exc: BaseException) -> None:
-        # an exception is not a blow-up: nothing is recorded, so a rerun retries the run
-        failed.append(f"{'/'.join(map(str, cfg.key))}: {type(exc).__name__}: {exc}")
-        bar.advance(f"FAILED {failed[-1]}")
-
     bar = _Progress(len(todo), enabled=progress, log=log)
     with bar:
-        if workers <= 1:
-            fn = run_fn or train_run
-            for cfg in todo:
-                try:
-                    rec = finish(cfg, fn(cfg))
-                except Exception as exc:  # noqa: BLE001
-                    fail(cfg, exc)
-                    continue
-                results.append(rec)
-                bar.advance(describe(rec))
-        else:
-            import concurrent.futures as cf
-            import multiprocessing as mp
-
-            ctx = mp.get_context("spawn")
-            gpu_queue = None
-            if gpu_ids:
-                gpu_queue = ctx.Queue()
-                for i in gpu_ids[:workers]:
-                    gpu_queue.put(i)
-            per_worker = threads or (1 if device == "cpu" else max(1, (os.cpu_count() or 1) // workers))
-            with cf.ProcessPoolExecutor(
-                max_workers=workers,
-                mp_context=ctx,
-                initializer=_worker_init,
-                initargs=(gpu_queue, per_worker),
-            ) as pool:
-                futures = {pool.submit(_worker_run, cfg): cfg for cfg in todo}
-                for fut in cf.as_completed(futures):
-                    try:
-                        rec = finish(futures[fut], fut.result())
-                    except Exception as exc:  # noqa: BLE001
-                        fail(futures[fut], exc)
-                        continue
-                    results.append(rec)
-                    bar.advance(describe(rec))
+        for cfg, outcome in outcomes:
+            try:
+                if isinstance(outcome, BaseException):
+                    raise outcome
+                rec = finish(cfg, outcome)
+            except Exception as exc:  # noqa: BLE001
+                # an exception is not a blow-up: nothing is recorded, so a rerun retries the run
+                failed.append(f"{'/'.join(map(str, cfg.key))}: {type(exc).__name__}: {exc}")
+                bar.advance(f"FAILED {failed[-1]}")
+                continue
+            results.append(rec)
+            bar.advance(describe(rec))
     if failed:
         raise GridError(f"{len(failed)} run(s) failed (rerun to retry them):\n" + "\n".join(failed))
     return results
+
+
+Outcome = tuple[RunConfig, "dict[str, Any] | BaseException"]
+"""A finished run: its config and its record, or the exception it raised."""
+
+
+def _inline_outcomes(todo: list[RunConfig], fn: Callable[[RunConfig], dict]) -> Iterator[Outcome]:
+    for cfg in todo:
+        try:
+            rec = fn(cfg)
+        except Exception as exc:  # noqa: BLE001 - reported by run_grid
+            yield cfg, exc
+            continue
+        yield cfg, rec
+
+
+def _pool_outcomes(todo: list[RunConfig], workers: int, threads: int, device: str) -> Iterator[Outcome]:
+    """The runs in spawned processes (on cuda: at most one per GPU), in order of completion."""
+    import concurrent.futures as cf
+    import multiprocessing as mp
+
+    ctx = mp.get_context("spawn")
+    gpu_queue = None
+    if device.startswith("cuda"):
+        import torch
+
+        gpu_ids = list(range(torch.cuda.device_count()))
+        workers = max(1, min(workers, len(gpu_ids)))
+        gpu_queue = ctx.Queue()
+        for i in gpu_ids[:workers]:
+            gpu_queue.put(i)
+    per_worker = threads or (1 if device == "cpu" else max(1, (os.cpu_count() or 1) // workers))
+    with cf.ProcessPoolExecutor(
+        max_workers=workers,
+        mp_context=ctx,
+        initializer=_worker_init,
+        initargs=(gpu_queue, per_worker),
+    ) as pool:
+        futures = {pool.submit(_worker_run, cfg): cfg for cfg in todo}
+        for fut in cf.as_completed(futures):
+            exc = fut.exception()
+            yield futures[fut], exc if exc is not None else fut.result()
 
 
 class GridError(RuntimeError):

@@ -1,8 +1,13 @@
 """Table 2 (blow-ups per cell), per-cell MSE, and the q-vs-blow-up summary from runs.jsonl.
 
 Table 2 layout (as in the paper): one row per backbone / variant / q / depth L, one
-column per (dataset, horizon), then Σ. A cell reads ``k/n``: k of its n seed-level
-runs blew up (see :mod:`qlint.verify.train` for the criterion).
+column per (dataset, horizon), then Σ. A cell reads ``k/n (m/n)``: k of its n
+seed-level runs blew up by the paper's rule (non-finite or > 1e3 at the end), m had a
+non-finite validation MSE at some evaluation (see :mod:`qlint.verify.train`).
+
+Records written before both counts were stored (``blew_up`` only, which meant the
+any-evaluation rule) still render: the paper's count is derived from the recorded
+reason where the old harness's early stop leaves it determined, and is "n/a" otherwise.
 """
 
 from __future__ import annotations
@@ -16,7 +21,7 @@ from pathlib import Path
 from typing import Any, Iterable, Optional
 
 from qlint.core.algebra import format_q
-from qlint.verify.grid import BACKBONES, read_runs
+from qlint.verify.grid import BACKBONES, lint_key, read_runs
 from qlint.verify.train import run_key
 
 BACKBONE_NAMES = {"mamba": "Mamba", "patchtst": "PatchTST"}
@@ -37,6 +42,52 @@ def _order(backbone: str, variant: str) -> tuple:
     return (b, backbone, v, variant)
 
 
+NA = "n/a"
+
+# blowup_reason prefixes of the old harness that mean "non-finite or > 1e3 at the end": it
+# stopped on a non-finite training loss (the next Adam step makes the parameters NaN for
+# good), or measured the final val MSE. Its other early stop, at a non-finite mid-training
+# evaluation, leaves the end unknown.
+_OLD_FINAL_REASONS = ("non-finite training loss", "final val MSE")
+_OLD_FINAL_VAL_REASON = "non-finite validation loss"
+
+
+def blew_up_any(run: dict[str, Any]) -> bool:
+    """Non-finite val MSE at any evaluation, or blown up by the paper's rule."""
+    return bool(run.get("blew_up_any", run.get("blew_up")))
+
+
+def blew_up_final(run: dict[str, Any]) -> Optional[bool]:
+    """The paper's rule; None where an old record does not determine it."""
+    if "blew_up_final" in run:
+        return bool(run["blew_up_final"])
+    if not run.get("blew_up"):
+        return False  # finite at every evaluation, so at the end
+    reason = run.get("blowup_reason") or ""
+    if reason.startswith(_OLD_FINAL_REASONS) or reason == _OLD_FINAL_VAL_REASON:
+        return True
+    return None
+
+
+def excluded(run: dict[str, Any]) -> bool:
+    """Left out of the MSE averages: blown up by the paper's rule (by the any rule where unknown)."""
+    final = blew_up_final(run)
+    return blew_up_any(run) if final is None else final
+
+
+def _counts(runs: list[dict[str, Any]]) -> tuple[Optional[int], int, int]:
+    """(blown by the paper's rule or None if any is unknown, blown at any evaluation, runs)."""
+    finals = [blew_up_final(r) for r in runs]
+    k_final = None if None in finals else sum(finals)
+    return k_final, sum(blew_up_any(r) for r in runs), len(runs)
+
+
+def _fmt_counts(runs: list[dict[str, Any]]) -> str:
+    """``"2/6 (3/6)"``: the paper's count, then the any-evaluation count."""
+    k_final, k_any, n = _counts(runs)
+    return f"{NA if k_final is None else f'{k_final}/{n}'} ({k_any}/{n})"
+
+
 def latest(runs: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
     """One record per run key (the last one written wins)."""
     by_key: dict[tuple, dict[str, Any]] = {}
@@ -52,7 +103,7 @@ def fill_q(runs: list[dict[str, Any]], lint: Optional[dict[str, dict]] = None) -
     out = []
     for r in runs:
         if r.get("q") is None:
-            entry = lint.get(f"{r['backbone']}/{r['variant']}/L{r['depth']}/d{r.get('d_model')}")
+            entry = lint.get(lint_key(r))
             if entry and entry.get("q") is not None:
                 r = {**r, "q": entry["q"]}
         out.append(r)
@@ -83,26 +134,23 @@ def _row_q(runs: list[dict[str, Any]], backbone: str, variant: str, depth: int) 
 
 
 def table2(runs: list[dict[str, Any]]) -> tuple[list[str], list[list[str]]]:
-    """Header and rows of Table 2: blow-ups ``k/n`` per (dataset, horizon) cell and Σ."""
+    """Header and rows of Table 2: blow-ups ``k/n (m/n)`` per (dataset, horizon) cell and Σ
+    (k by the paper's rule, m at any evaluation)."""
     runs = latest(runs)
     cols = _columns(runs)
     header = ["Backbone", "Variant", "q", "L"] + [f"{d} H{h}" for d, h in cols] + ["Σ"]
-    cells: dict[tuple, list[bool]] = defaultdict(list)
+    cells: dict[tuple, list[dict[str, Any]]] = defaultdict(list)
     for r in runs:
-        cells[(r["backbone"], r["variant"], r["depth"], r["dataset"], r["horizon"])].append(bool(r["blew_up"]))
+        cells[(r["backbone"], r["variant"], r["depth"], r["dataset"], r["horizon"])].append(r)
     rows = []
     for backbone, variant, depth in _row_keys(runs):
         row = _row_label(runs, backbone, variant, depth)
-        tot_k = tot_n = 0
+        in_row: list[dict[str, Any]] = []
         for d, h in cols:
-            flags = cells.get((backbone, variant, depth, d, h), [])
-            if flags:
-                row.append(f"{sum(flags)}/{len(flags)}")
-                tot_k += sum(flags)
-                tot_n += len(flags)
-            else:
-                row.append("–")
-        row.append(f"{tot_k}/{tot_n}")
+            cell = cells.get((backbone, variant, depth, d, h), [])
+            row.append(_fmt_counts(cell) if cell else "–")
+            in_row += cell
+        row.append(_fmt_counts(in_row))
         rows.append(row)
     return header, rows
 
@@ -118,7 +166,7 @@ def _row_label(runs: list[dict[str, Any]], backbone: str, variant: str, depth: i
 
 
 def mse_table(runs: list[dict[str, Any]], field: str = "test_mse") -> tuple[list[str], list[list[str]]]:
-    """Mean ``field`` over the surviving seeds of each cell (``×`` where all blew up)."""
+    """Mean ``field`` over the surviving seeds of each cell (``×`` where all blew up; see :func:`excluded`)."""
     runs = latest(runs)
     cols = _columns(runs)
     header = ["Backbone", "Variant", "q", "L"] + [f"{d} H{h}" for d, h in cols]
@@ -130,7 +178,7 @@ def mse_table(runs: list[dict[str, Any]], field: str = "test_mse") -> tuple[list
                 r for r in runs
                 if (r["backbone"], r["variant"], r["depth"], r["dataset"], r["horizon"]) == (backbone, variant, depth, d, h)
             ]
-            ok = [r[field] for r in sel if not r["blew_up"] and r.get(field) is not None]
+            ok = [r[field] for r in sel if not excluded(r) and r.get(field) is not None]
             row.append(f"{statistics.fmean(ok):.4f}" if ok else ("×" if sel else "–"))
         rows.append(row)
     return header, rows
@@ -138,7 +186,8 @@ def mse_table(runs: list[dict[str, Any]], field: str = "test_mse") -> tuple[list
 
 def deviations(runs: list[dict[str, Any]], field: str = "test_mse") -> dict[tuple, dict[str, dict[str, Any]]]:
     """Figures 3/4: per cell (backbone, dataset, horizon, depth), each variant's signed %
-    deviation of its mean MSE (surviving seeds) from the median over variants."""
+    deviation of its mean MSE (surviving seeds) from the median over variants; ``blown``
+    counts the seeds left out (:func:`excluded`)."""
     runs = latest(runs)
     groups: dict[tuple, dict[str, list]] = defaultdict(lambda: defaultdict(list))
     for r in runs:
@@ -147,7 +196,7 @@ def deviations(runs: list[dict[str, Any]], field: str = "test_mse") -> dict[tupl
     for cell, by_var in groups.items():
         means = {}
         for v, rs in by_var.items():
-            ok = [r[field] for r in rs if not r["blew_up"] and r.get(field) is not None]
+            ok = [r[field] for r in rs if not excluded(r) and r.get(field) is not None]
             if ok:
                 means[v] = statistics.fmean(ok)
         med = statistics.median(means.values()) if means else None
@@ -155,7 +204,7 @@ def deviations(runs: list[dict[str, Any]], field: str = "test_mse") -> dict[tupl
             v: {
                 "mean": means.get(v),
                 "dev_pct": (100.0 * (means[v] / med - 1.0)) if v in means and med else None,
-                "blown": sum(bool(r["blew_up"]) for r in rs),
+                "blown": sum(excluded(r) for r in rs),
                 "n": len(rs),
             }
             for v, rs in by_var.items()
@@ -163,8 +212,18 @@ def deviations(runs: list[dict[str, Any]], field: str = "test_mse") -> dict[tupl
     return out
 
 
+def _by_depth(runs: list[dict[str, Any]]) -> tuple[str, str]:
+    """Per-depth counts, paper's rule and any-evaluation rule: ("L=3: 2/6, L=8: 5/6", "L=3: 3/6, ...")."""
+    depths = sorted({r["depth"] for r in runs})
+    per = {d: _counts([r for r in runs if r["depth"] == d]) for d in depths}
+    final = ", ".join(f"L={d}: {NA if kf is None else kf}/{n}" for d, (kf, _, n) in per.items())
+    anyev = ", ".join(f"L={d}: {ka}/{n}" for d, (_, ka, n) in per.items())
+    return final, anyev
+
+
 def summary_lines(runs: list[dict[str, Any]]) -> list[str]:
-    """"Mamba free velocity: q=5, blew up 7/12 (58%; L=3: 2/6, L=8: 5/6)" per variant."""
+    """"Mamba free velocity: q=5, blew up 7/12 (58%; L=3: 2/6, L=8: 5/6); non-finite at
+    any evaluation 8/12 (L=3: 3/6, L=8: 5/6)" per variant."""
     runs = latest(runs)
     per: dict[tuple, list] = defaultdict(list)
     for r in runs:
@@ -172,45 +231,52 @@ def summary_lines(runs: list[dict[str, Any]]) -> list[str]:
     lines = []
     for backbone, variant in sorted(per, key=lambda k: _order(*k)):
         rs = per[(backbone, variant)]
-        k = sum(bool(r["blew_up"]) for r in rs)
+        k_final, k_any, n = _counts(rs)
         qs = {r.get("q") for r in rs} - {None}
         q = format_q(max(qs)) if qs else "?"
-        depths = sorted({r["depth"] for r in rs})
-        by_depth = ", ".join(
-            f"L={d}: {sum(bool(r['blew_up']) for r in rs if r['depth'] == d)}/{sum(1 for r in rs if r['depth'] == d)}"
-            for d in depths
-        )
+        final_by_depth, any_by_depth = _by_depth(rs)
+        share = "" if k_final is None else f"{100.0 * k_final / n:.0f}%; "
         lines.append(
             f"{BACKBONE_NAMES.get(backbone, backbone)} {VARIANT_NAMES.get(variant, variant)}: "
-            f"q={q}, blew up {k}/{len(rs)} ({100.0 * k / len(rs):.0f}%; {by_depth})"
+            f"q={q}, blew up {NA if k_final is None else k_final}/{n} ({share}{final_by_depth}); "
+            f"non-finite at any evaluation {k_any}/{n} ({any_by_depth})"
         )
     return lines
 
 
 def pattern_check(runs: list[dict[str, Any]]) -> list[str]:
-    """Does the paper's pattern hold? (no blow-ups at q <= 1; q > 1 blowing up more at L=8)."""
+    """Does the paper's pattern hold (by its rule)? No blow-ups at q <= 1; q > 1 blowing up
+    more at the largest depth than at the smallest."""
     runs = latest(runs)
     sub = [r for r in runs if r.get("q") is not None and r["q"] <= 1]
     sup = [r for r in runs if r.get("q") is not None and r["q"] > 1]
     unk = [r for r in runs if r.get("q") is None]
     lines = []
-    k_sub = sum(bool(r["blew_up"]) for r in sub)
+    k_sub, k_sub_any, n_sub = _counts(sub)
+    verdict = (
+        " (paper: 0 — no runs to test it)" if not sub
+        else " (paper: 0 — cannot tell from these records)" if k_sub is None
+        else " (paper: 0 — holds)" if k_sub == 0 else " (paper: 0 — does NOT hold)"
+    )
     lines.append(
-        f"q <= 1 variants: {k_sub}/{len(sub)} runs blew up"
-        + (" (paper: 0 — holds)" if k_sub == 0 else " (paper: 0 — does NOT hold)")
+        f"q <= 1 variants: {NA if k_sub is None else k_sub}/{n_sub} runs blew up by the paper's rule"
+        f"{verdict}; {k_sub_any}/{n_sub} non-finite at some evaluation"
     )
     if sup:
+        k_sup, k_sup_any, n_sup = _counts(sup)
+        final_by_depth, any_by_depth = _by_depth(sup)
+        lines.append(
+            f"q > 1 variants: {NA if k_sup is None else k_sup}/{n_sup} runs blew up by the paper's rule "
+            f"({final_by_depth}); {k_sup_any}/{n_sup} non-finite at some evaluation ({any_by_depth})"
+        )
         depths = sorted({r["depth"] for r in sup})
-        rates = {d: (sum(bool(r["blew_up"]) for r in sup if r["depth"] == d), sum(1 for r in sup if r["depth"] == d)) for d in depths}
-        txt = ", ".join(f"L={d}: {k}/{n}" for d, (k, n) in rates.items())
-        k_sup = sum(k for k, _ in rates.values())
-        lines.append(f"q > 1 variants: {k_sup}/{len(sup)} runs blew up ({txt})")
         if len(depths) >= 2:
-            lo, hi = rates[depths[0]], rates[depths[-1]]
-            more = hi[0] / max(hi[1], 1) > lo[0] / max(lo[1], 1)
+            lo = _counts([r for r in sup if r["depth"] == depths[0]])
+            hi = _counts([r for r in sup if r["depth"] == depths[-1]])
             if k_sup == 0:
                 lines.append("no supercritical run blew up at this scale: the paper's q > 1 divergence is NOT reproduced here")
-            else:
+            elif k_sup is not None:
+                more = hi[0] / max(hi[2], 1) > lo[0] / max(lo[2], 1)
                 lines.append(
                     f"blow-up rate rises with depth (L={depths[0]} -> L={depths[-1]}): {'yes' if more else 'no'}"
                 )
@@ -259,9 +325,11 @@ def write_tables(out_dir: str | Path, title: str = "") -> str:
     md = io.StringIO()
     md.write(f"# Table 2 — blow-ups per cell{(' (' + title + ')') if title else ''}\n\n")
     md.write(
-        f"{len(runs)} runs. Cell = blown-up runs / seed-level runs. A run blew up when its "
-        "validation MSE was non-finite at any evaluation (or its training loss turned "
-        "non-finite), or its final validation MSE exceeded 1e3 × Var(z-scored target) = 1e3. "
+        f"{len(runs)} runs. Cell = **k/n (m/n)** of the cell's n seed-level runs: **k blew up by "
+        "the paper's rule** — the validation MSE at the end was non-finite or above 1e3 × "
+        "Var(z-scored target) = 1e3, or a parameter turned non-finite (it stays so to the end) — "
+        "and, in parentheses, m had a non-finite validation MSE at *any* evaluation (the stricter "
+        f"rule; m ≥ k). {NA} = an old record that does not say how the run ended. "
         "q = qlint's static growth exponent of the model's worst block.\n\n"
     )
     md.write(to_markdown(header, rows))

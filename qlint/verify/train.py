@@ -1,19 +1,27 @@
-"""The training harness for one run: Adam, MSE, a fixed step budget, one seed.
+"""The training harness for one run: Adam, MSE or L1, a fixed step budget, one seed.
 
-Blow-up criterion (the paper's "non-finite, or many orders of magnitude above the
-target's dynamic range", made concrete): a run **blew up** when
+Two blow-up counts are recorded per run (:func:`classify_blowup`):
 
-* its validation MSE is non-finite (NaN/±inf) at any periodic evaluation or at the end
-  (a non-finite *training* loss stops the run and triggers an immediate evaluation), or
-* (equivalently) its training loss turns non-finite: the run stops there, since the
-  next Adam step would make every parameter and so the validation loss NaN, or
-* its final validation MSE exceeds ``BLOWUP_FACTOR × Var(target)`` = 1e3 × 1 = **1e3**
-  (targets are z-scored with train statistics, so their variance is ~1).
+* ``blew_up_final`` — **the paper's rule** ("non-finite, or many orders of magnitude
+  above the target's dynamic range", made concrete): the validation MSE at the end is
+  non-finite (NaN/±inf) or exceeds ``BLOWUP_FACTOR × Var(target)`` = 1e3 × 1 = **1e3**
+  (targets are z-scored with train statistics, so their variance is ~1), or a
+  parameter turned non-finite (the run stops there: an Adam step without weight decay
+  keeps a NaN/inf parameter non-finite, NaN - x = NaN, inf - x ∈ {inf, NaN}, so it is
+  non-finite at the end too);
+* ``blew_up_any`` — the harness's earlier, stricter rule: ``blew_up_final``, or a
+  non-finite validation MSE at *any* periodic evaluation (training goes on after one,
+  so a run can overflow on some windows mid-training and recover by the end).
 
-Learning rate: the paper does not state one; we use Adam with ``lr = 1e-3`` (the
-common default of the PatchTST / Mamba time-series code bases), no weight decay,
-no gradient clipping and no LR schedule — clipping or warm-up would hide the very
-instability that is being measured.
+A non-finite *training* loss does not stop a run by itself: under fp16 the GradScaler
+skips that step and the parameters stay finite. After every such step the parameters
+are checked, and the run stops (blown up by both rules, not evaluated) once one of
+them is non-finite.
+
+Defaults: Adam with ``lr = 1e-3`` (the common default of the PatchTST / Mamba
+time-series code bases), no weight decay, no gradient clipping and no LR schedule —
+clipping or warm-up would hide the very instability that is being measured. The grid's
+presets and flags (``qlint verify grid --lr ... --amp fp16``) set every knob per run.
 """
 
 from __future__ import annotations
@@ -30,6 +38,11 @@ BLOWUP_FACTOR = 1e3
 """A finite final val MSE above ``BLOWUP_FACTOR × Var(z-scored target)`` (= 1e3) is a blow-up."""
 
 DEFAULT_LR = 1e-3
+
+AMP_MODES = ("fp32", "fp16", "bf16")
+"""fp16 = autocast fp16 + a GradScaler (as the cited code bases' ``--use_amp``); bf16 = autocast bf16."""
+
+LOSSES = ("mse", "l1")
 
 
 @dataclass(frozen=True)
@@ -51,7 +64,10 @@ class RunConfig:
     eval_every: int = 100
     max_eval_windows: int = 512  # 0 = every window of the split
     device: str = "cpu"
-    bf16: bool = False
+    amp: str = "fp32"  # one of AMP_MODES
+    loss: str = "mse"  # training loss, one of LOSSES (evaluation is always MSE)
+    revin: bool = False  # RevIN instance normalisation around the model (qlint.zoo.Forecaster)
+    d_state: Optional[int] = None  # Mamba's SSM state size; None = the zoo's default
     threads: int = 0  # torch.set_num_threads in this process; 0 = leave alone
     model_kwargs: tuple = field(default_factory=tuple)  # extra (key, value) pairs for build()
     fast_scan: bool = True  # train Mamba through scan_unbind (same numbers, faster backward)
@@ -77,6 +93,24 @@ def resolve_device(device: str) -> str:
     if device.startswith("cuda") and not torch.cuda.is_available():
         raise RuntimeError("--device cuda requested but torch.cuda.is_available() is False")
     return device
+
+
+def build_for(cfg: RunConfig, n_vars: int):
+    """The model of ``cfg``: the one the grid lints and the one it trains."""
+    kwargs = dict(cfg.model_kwargs)
+    if cfg.d_state is not None:
+        kwargs["d_state"] = cfg.d_state
+    return build_model(
+        cfg.backbone,
+        cfg.variant,
+        n_vars=n_vars,
+        seq_len=cfg.seq_len,
+        horizon=cfg.horizon,
+        d_model=cfg.d_model,
+        depth=cfg.depth,
+        revin=cfg.revin,
+        **kwargs,
+    )
 
 
 def build_model(
@@ -139,24 +173,63 @@ def use_fast_scan(model) -> int:
     return n
 
 
-def classify_blowup(val_history: list[float], final_val: Optional[float]) -> tuple[bool, str]:
-    """``(blew_up, reason)`` from the periodic val MSEs and the final one."""
-    for v in val_history:
-        if v is None or not math.isfinite(v):
-            return True, "non-finite validation loss"
+def classify_blowup(
+    val_history: list[Optional[float]], final_val: Optional[float], stopped: str = ""
+) -> tuple[bool, bool, str]:
+    """``(blew_up_final, blew_up_any, reason)`` from the periodic val MSEs, the final one,
+    and ``stopped`` (why training stopped early on non-finite parameters, if it did)."""
+    if stopped:
+        return True, True, stopped
     if final_val is None or not math.isfinite(final_val):
-        return True, "non-finite validation loss"
+        return True, True, "non-finite final validation MSE"
     if final_val > BLOWUP_FACTOR:
-        return True, f"final val MSE {final_val:.3g} > {BLOWUP_FACTOR:g} x Var(target)"
-    return False, ""
+        return True, True, f"final val MSE {final_val:.3g} > {BLOWUP_FACTOR:g} x Var(target)"
+    bad = sum(v is None or not math.isfinite(v) for v in val_history)
+    if bad:
+        return False, True, f"non-finite validation MSE at {bad} of {len(val_history)} periodic evaluations, finite at the end"
+    return False, False, ""
+
+
+def autocast(device_type: str, amp: str):
+    """The forward-pass autocast context of an AMP mode (a no-op for fp32)."""
+    import contextlib
+
+    import torch
+
+    dtype = amp_dtype(amp)
+    return contextlib.nullcontext() if dtype is None else torch.autocast(device_type, dtype=dtype)
+
+
+def amp_dtype(amp: str):
+    """The autocast dtype of an AMP mode (None for fp32)."""
+    import torch
+
+    if amp not in AMP_MODES:
+        raise ValueError(f"amp must be one of {AMP_MODES}, got {amp!r}")
+    return {"fp32": None, "fp16": torch.float16, "bf16": torch.bfloat16}[amp]
+
+
+def _all_finite(model) -> bool:
+    import torch
+
+    return all(bool(torch.isfinite(p).all()) for p in model.parameters())
 
 
 def _finite(x: Optional[float]) -> Optional[float]:
     return x if x is not None and math.isfinite(x) else None
 
 
-def evaluate(model, series, seq_len: int, horizon: int, max_windows: int, batch: int, bf16: bool) -> float:
-    """Mean squared error over the split's windows (evenly subsampled to ``max_windows``)."""
+TELEMETRY_WINDOWS = 32
+"""The fixed batch of the stream telemetry: this many of the evaluated windows, evenly spread."""
+
+
+def evaluate(model, series, seq_len: int, horizon: int, max_windows: int, batch: int, amp: str,
+             monitor=None, step: int = 0) -> float:
+    """Mean squared error over the split's windows (evenly subsampled to ``max_windows``).
+
+    With ``monitor`` (a :class:`qlint.monitor.StreamMonitor`) it first records, at ``step``,
+    each block's largest stream norm and gains on the fixed batch of TELEMETRY_WINDOWS windows.
+    """
     import torch
 
     from qlint.verify.data import batch_windows
@@ -168,12 +241,15 @@ def evaluate(model, series, seq_len: int, horizon: int, max_windows: int, batch:
         starts = np.unique(np.linspace(0, n - 1, max_windows).round().astype(np.int64))
     else:
         starts = np.arange(n)
+    if monitor is not None:
+        fixed = starts[np.unique(np.linspace(0, len(starts) - 1, TELEMETRY_WINDOWS).round().astype(np.int64))]
+        monitor.measure(batch_windows(series, fixed, seq_len, horizon)[0], step=step)
     total, count = 0.0, 0
     model.eval()
     with torch.no_grad():
         for i in range(0, len(starts), batch):
             x, y = batch_windows(series, starts[i : i + batch], seq_len, horizon)
-            with torch.autocast(series.device.type, dtype=torch.bfloat16, enabled=bf16):
+            with autocast(series.device.type, amp):
                 pred = model(x)
             err = (pred.float() - y).double().pow(2).sum().item()
             total += err
@@ -186,6 +262,7 @@ def train_run(cfg: RunConfig) -> dict[str, Any]:
     """Train one model and return its record (without ``q``: the grid adds it)."""
     import torch
 
+    from qlint.monitor import StreamMonitor
     from qlint.verify.data import batch_windows, load_dataset
 
     if cfg.threads:
@@ -195,19 +272,14 @@ def train_run(cfg: RunConfig) -> dict[str, Any]:
     data = load_dataset(cfg.data, cfg.seq_len)
     torch.manual_seed(cfg.seed)
     np.random.seed(cfg.seed)
-    model = build_model(
-        cfg.backbone,
-        cfg.variant,
-        n_vars=data.n_vars,
-        seq_len=cfg.seq_len,
-        horizon=cfg.horizon,
-        d_model=cfg.d_model,
-        depth=cfg.depth,
-        **dict(cfg.model_kwargs),
-    ).to(device)
+    model = build_for(cfg, data.n_vars).to(device)
     if cfg.fast_scan:
         use_fast_scan(model)
+    monitor = StreamMonitor(model, dtype=amp_dtype(cfg.amp))  # blocks found on the first evaluation's batch
     opt = torch.optim.Adam(model.parameters(), lr=cfg.lr)
+    # fp16: scale the loss and skip any step whose gradients overflow (disabled: a no-op)
+    scaler = torch.amp.GradScaler(device.split(":")[0], enabled=cfg.amp == "fp16")
+    loss_fn = {"mse": torch.nn.functional.mse_loss, "l1": torch.nn.functional.l1_loss}[cfg.loss]
     train = torch.as_tensor(data.train, device=device)
     val = torch.as_tensor(data.val, device=device)
     test = torch.as_tensor(data.test, device=device)
@@ -218,44 +290,42 @@ def train_run(cfg: RunConfig) -> dict[str, Any]:
     eval_batch = max(cfg.batch_size, 128)
 
     def ev(series) -> float:
-        return evaluate(model, series, cfg.seq_len, cfg.horizon, cfg.max_eval_windows, eval_batch, cfg.bf16)
+        return evaluate(model, series, cfg.seq_len, cfg.horizon, cfg.max_eval_windows, eval_batch, cfg.amp,
+                        monitor=monitor if series is val else None, step=steps_done)
 
     val_history: list[float] = []
     train_loss = float("nan")
+    nonfinite_train_losses = 0
     steps_done = 0
     stopped = ""
     model.train()
     for step in range(cfg.steps):
         starts = torch.randint(n_train, (cfg.batch_size,), generator=gen)
         x, y = batch_windows(train, starts, cfg.seq_len, cfg.horizon)
-        with torch.autocast(device.split(":")[0], dtype=torch.bfloat16, enabled=cfg.bf16):
+        with autocast(device.split(":")[0], cfg.amp):
             pred = model(x)
-        loss = torch.nn.functional.mse_loss(pred.float(), y)
+        loss = loss_fn(pred.float(), y)
         train_loss = loss.item()
-        if not math.isfinite(train_loss):
-            stopped = f"non-finite training loss at step {step + 1}"
-            val_history.append(ev(val))
-            break
         opt.zero_grad(set_to_none=True)
-        loss.backward()
-        opt.step()
+        scaler.scale(loss).backward()
+        scaler.step(opt)
+        scaler.update()
         steps_done = step + 1
-        if cfg.eval_every and steps_done % cfg.eval_every == 0 and steps_done < cfg.steps:
-            v = ev(val)
-            val_history.append(v)
-            if not math.isfinite(v):
-                stopped = f"non-finite validation loss at step {steps_done}"
+        if not math.isfinite(train_loss):
+            nonfinite_train_losses += 1
+            if not _all_finite(model):
+                # non-finite parameters stay non-finite under Adam (module docstring): the run
+                # has blown up by either rule, and a model with NaN weights is not evaluated
+                stopped = f"non-finite parameters after step {steps_done} (training loss {train_loss})"
                 break
+        if cfg.eval_every and steps_done % cfg.eval_every == 0 and steps_done < cfg.steps:
+            val_history.append(ev(val))
 
     if stopped:
-        val_mse, test_mse = val_history[-1], float("nan")
+        val_mse = test_mse = float("nan")
     else:
         val_mse, test_mse = ev(val), ev(test)
-    blew_up, reason = classify_blowup(val_history, val_mse)
-    if stopped:
-        # A non-finite training loss stops the run: the next Adam step would turn the
-        # parameters into NaN, so the validation loss would be non-finite from then on.
-        blew_up, reason = True, stopped
+    blew_up_final, blew_up_any, reason = classify_blowup(val_history, val_mse, stopped)
     return {
         "backbone": cfg.backbone,
         "variant": cfg.variant,
@@ -265,18 +335,26 @@ def train_run(cfg: RunConfig) -> dict[str, Any]:
         "seed": cfg.seed,
         "val_mse": _finite(val_mse),
         "test_mse": _finite(test_mse),
-        "blew_up": blew_up,
+        "blew_up_final": blew_up_final,
+        "blew_up_any": blew_up_any,
+        "blew_up": blew_up_any,  # the field's meaning since the first runs.jsonl: the any-evaluation rule
         "blowup_reason": reason,
         "steps": steps_done,
         "seconds": round(time.perf_counter() - t0, 3),
         "device": device,
-        "bf16": cfg.bf16,
+        "amp": cfg.amp,
         "lr": cfg.lr,
         "d_model": cfg.d_model,
+        "d_state": cfg.d_state,
         "batch_size": cfg.batch_size,
         "seq_len": cfg.seq_len,
+        "revin": cfg.revin,
+        "loss": cfg.loss,
+        "eval_every": cfg.eval_every,
         "final_train_loss": _finite(train_loss),
+        "nonfinite_train_losses": nonfinite_train_losses,
         "val_history": [_finite(v) for v in val_history],
+        "telemetry": monitor.records,
         "torch": torch.__version__,
         "pid": os.getpid(),
     }
