@@ -277,11 +277,26 @@ def probe_loops(specs: Optional[Sequence[str]] = None, *, config: Union[str, Pat
     }
 
 
-def _configured_models(specs: Optional[Sequence[str]], config: Any, isolated: bool, overrides: Iterable[str], cwd: Any,
-                       flags: dict[str, Any]) -> Iterable[tuple[str, Any, Any]]:
+def models_to_run(specs: Optional[Sequence[str]] = None, *, config: Union[str, Path, None] = None, isolated: bool = False,
+                  overrides: Iterable[str] = (), cwd: Union[str, Path, None] = None, **flags: Any) -> Config:
+    """The configuration of a probe or a coverage run, every option and spec error raised before
+    torch is imported (a flag's value, a missing file, a folder given as a spec)."""
+    from qlint.loader import LoadError, check_spec
+
     settings = configure(specs, config=config, isolated=isolated, overrides=overrides, cwd=cwd, **flags)
     if not settings.models:
-        raise ConfigError("no models to probe: give specs, or list them in [tool.qlint] models = [...]")
+        raise ConfigError("no models to run: give specs, or list them in [tool.qlint] models = [...]")
+    for spec in settings.models:
+        try:
+            check_spec(spec)
+        except LoadError as exc:  # named once, as ModelReport.failure_line names it
+            raise LoadError(str(exc) if str(exc).startswith(spec) else f"{spec}: {exc}") from None
+    return settings
+
+
+def _configured_models(specs: Optional[Sequence[str]], config: Any, isolated: bool, overrides: Iterable[str], cwd: Any,
+                       flags: dict[str, Any]) -> Iterable[tuple[str, Any, Any]]:
+    settings = models_to_run(specs, config=config, isolated=isolated, overrides=overrides, cwd=cwd, **flags)
     for spec in settings.models:
         loaded, options = prepare(settings, spec)
         yield spec, loaded, options
@@ -291,4 +306,4 @@ def _q_and_why(value: Any) -> tuple[float, str]:
     return (value.q, value.why) if hasattr(value, "why") else (float(value["q"]), str(value["why"]))
 
 
-__all__ = ["analyze", "analyse_configured", "check", "configure", "declared_in", "prepare", "probe", "probe_loops"]
+__all__ = ["analyze", "analyse_configured", "check", "configure", "declared_in", "models_to_run", "prepare", "probe", "probe_loops"]

@@ -477,14 +477,11 @@ def render(report: Report, fmt: str, *, statistics: bool = False, summary: bool 
     raise ValueError("the 'full' format is rendered by qlint.ci.render (use write_output)")
 
 
-def _render_full(report: Report, stream: IO[str], *, color: Optional[bool], **options: Any) -> None:
-    """The core's rich report (``qlint.ci.render``): coloured on a terminal, plain in a file."""
+def _render_full(report: Report, stream: IO[str], *, color: Optional[bool], width: Optional[int] = None, **options: Any) -> None:
+    """The core's rich report (``qlint.ci.render``): coloured on a terminal, plain in a file or a log."""
     from qlint.ci import render as full
 
-    if color is False:
-        stream.write(full.render_full(report, **options))
-        return
-    full.print_report(report, full.make_console(stream, force_terminal=color), **options)
+    full.print_report(report, full.make_console(stream, color=color, width=width), **options)
 
 
 def write_output(
@@ -498,7 +495,8 @@ def write_output(
     **options: Any,
 ) -> None:
     """Write the report in ``fmt`` to ``output_file`` (created/overwritten) or ``stream``
-    (stdout). ``options`` go to the renderer: ``show_all_derivations`` (full), ``summary`` (concise)."""
+    (stdout). ``options`` go to the renderer: ``show_all_derivations`` and ``width`` (full),
+    ``summary`` (concise)."""
     if output_file is not None:
         with open(output_file, "w", encoding="utf-8", newline="\n") as handle:
             write_output(report, fmt, statistics=statistics, stream=handle, color=False, **options)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import io
 import linecache
 import os
 import sys
@@ -41,7 +42,7 @@ def block_table(model: ModelReport) -> Table:
             block.dominant,
             str(block.source or ""),
         )
-    return table
+    return fit_cells(table)
 
 
 def derivation_text(block: Block) -> Text:
@@ -129,18 +130,39 @@ def _status_of(verdict: str) -> str:
     return {"certified": "ok"}.get(verdict, verdict)
 
 
-LOG_WIDTH = 200  # columns when the output is not a terminal (CI logs, pipes) and COLUMNS is not set
+LOG_WIDTH = 200  # table width when the output is not a terminal (CI logs, pipes) and COLUMNS is not set
 
 
-def make_console(file: Any = None, *, stderr: bool = False, force_terminal: Optional[bool] = None) -> Console:
-    """A console as wide as the terminal, or LOG_WIDTH columns for a log or a pipe.
+def make_console(file: Any = None, *, stderr: bool = False, color: Optional[bool] = None,
+                 width: Optional[int] = None) -> Console:
+    """A console for the reports: as wide as the terminal, else COLUMNS or LOG_WIDTH columns.
 
-    rich falls back to 80 columns off a terminal, which wraps findings mid-message in CI
-    logs; ``COLUMNS`` still wins when set.
+    Off a terminal (a CI log, a pipe, a file) messages are never wrapped: rich would break
+    a finding mid-sentence at the width, and a log viewer wraps lines itself; tables still
+    fit the width by wrapping their cells (:func:`fit_cells`). ``width`` (``--width``) is
+    an explicit request: tables and messages are wrapped at it, at word boundaries.
+    ``color``: True forces colour, False none, None colours a terminal only.
     """
     target = file if file is not None else (sys.stderr if stderr else sys.stdout)
-    off_terminal = not (hasattr(target, "isatty") and target.isatty()) and "COLUMNS" not in os.environ
-    return Console(file=file, stderr=stderr, force_terminal=force_terminal, width=LOG_WIDTH if off_terminal else None)
+    off_terminal = not (hasattr(target, "isatty") and target.isatty())
+    if width is None and off_terminal:
+        columns = os.environ.get("COLUMNS", "")
+        width = int(columns) if columns.isdigit() and int(columns) > 0 else LOG_WIDTH
+        soft_wrap = True
+    else:
+        soft_wrap = False
+    return Console(file=file, stderr=stderr, force_terminal=True if color else None,
+                   color_system=None if color is False else "auto", width=width, soft_wrap=soft_wrap)
+
+
+def fit_cells(table: Table) -> Table:
+    """Let every cell wrap, folding a word longer than its column, so a narrow console keeps
+    every column: rich cuts a ``no_wrap`` cell to an ellipsis and gives a short column
+    (a one-letter header) a width of zero once the table does not fit."""
+    for column in table.columns:
+        column.no_wrap = False
+        column.overflow = "fold"
+    return table
 
 
 def print_report(report: Report, console: Optional[Console] = None, *, show_all_derivations: bool = False) -> None:
@@ -158,11 +180,11 @@ def print_report(report: Report, console: Optional[Console] = None, *, show_all_
         console.print(Text(f"All checks passed ({infos} info{hidden}).", style="bold green"))
 
 
-def render_full(report: Report, *, show_all_derivations: bool = False, width: int = 120) -> str:
-    """The full report as plain text (for files and tests)."""
-    console = Console(record=True, width=width, file=open("/dev/null", "w"), color_system=None)
-    print_report(report, console, show_all_derivations=show_all_derivations)
-    return console.export_text()
+def render_full(report: Report, *, show_all_derivations: bool = False, width: Optional[int] = None) -> str:
+    """The full report as plain text (for files and tests), laid out as for a CI log."""
+    buffer = io.StringIO()
+    print_report(report, make_console(buffer, color=False, width=width), show_all_derivations=show_all_derivations)
+    return buffer.getvalue()
 
 
-__all__ = ["DerivationStep", "block_table", "derivation_text", "make_console", "print_report", "render_full"]
+__all__ = ["DerivationStep", "block_table", "derivation_text", "fit_cells", "make_console", "print_report", "render_full"]

@@ -8,10 +8,18 @@ from __future__ import annotations
 
 import difflib
 import importlib
+import warnings
 
 import click
 
 from qlint._version import __version__
+
+# Warnings raised inside torch and the model libraries while qlint imports, traces or probes a
+# model (torch's "Failed to initialize NumPy" where numpy is absent, its deprecations) are about
+# their internals, not the user's model: a CI log shows qlint's report and nothing else. Set when
+# the CLI is imported, so --jobs worker processes (which import it again) are quiet too.
+THIRD_PARTY_MODULES = r"(torch|torchvision|transformers|timm|huggingface_hub|safetensors|numpy|sympy)(\.|$)"
+warnings.filterwarnings("ignore", module=THIRD_PARTY_MODULES)
 
 # name -> (module in qlint.cli, one-line help shown by ``qlint --help``)
 SUBCOMMANDS: dict[str, tuple[str, str]] = {
@@ -23,6 +31,15 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "verify": ("verify", "Reproduce the reference experiments (training blow-ups vs q)."),
     "clean": ("clean", "Remove the result cache (.qlint_cache)."),
 }
+
+
+def width_option(command: click.Command) -> click.Command:
+    """``--width N`` for the commands that print rich tables (check, probe, coverage, rules)."""
+    return click.option(
+        "--width", type=click.IntRange(min=20), default=None, metavar="N",
+        help="Lay the report out at N columns, wrapping messages at word boundaries (default: the terminal's "
+             "width; off a terminal, tables fit COLUMNS or 200 columns and messages are never wrapped).",
+    )(command)
 
 
 class QlintGroup(click.Group):

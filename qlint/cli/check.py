@@ -19,6 +19,7 @@ from typing import Any, Optional
 import click
 
 from qlint.ci.config import FORMATS
+from qlint.cli import width_option
 from qlint.cli.failures import fail_cleanly
 
 
@@ -54,16 +55,19 @@ def _codes(values: tuple[str, ...]) -> Optional[list[str]]:
 @click.option("--config", "config_args", multiple=True, metavar="PATH | KEY=VALUE",
               help="A config file to use instead of discovery, or an inline TOML override such as \"fail-on = 'warning'\".")
 @click.option("--isolated", is_flag=True, help="Ignore every configuration file.")
-@click.option("--input-shape", "input_shapes", multiple=True, metavar="2,96,7", help="Shape of an example input when the spec gives none (repeatable).")
+@click.option("--input-shape", "input_shapes", multiple=True, metavar="2,96,7",
+              help="Shape of an example input, replacing the factory's example inputs (repeatable: one per input).")
 @click.option("--input-dtype", default=None, help="dtype of the --input-shape tensors (default: float32).")
 @click.option("--mode", type=click.Choice(["train", "eval"]), default=None, help="Analyse in this mode (default: the model's own).")
-@click.option("--tracer", type=click.Choice(["symbolic_trace", "export", "make_fx"]), default=None, help="Try this tracer first.")
+@click.option("--tracer", type=click.Choice(["symbolic_trace", "export", "make_fx"]), default=None,
+              help="Use only this tracer; if it fails the model is not analysed (exit 2). Default: symbolic_trace, then export, then make_fx.")
 @click.option("--device", default=None, help="Build and trace on this device, e.g. `meta` (no weights in memory).")
 @click.option("--threshold", type=float, default=None, help="Largest certified exponent q (default: 1.0).")
 @click.option("--show-derivation", is_flag=True, help="Print the derivation of every block, not only failing ones.")
 @click.option("--show-remedies", is_flag=True, help="Propose changes that certify each failing block, each re-checked (re-analyses per candidate).")
 @click.option("--color", type=click.Choice(["auto", "always", "never"]), default="auto",
               help="Colour the full report: auto (a terminal, unless NO_COLOR is set; FORCE_COLOR forces it), always, never.")
+@width_option
 @click.option("-q", "--quiet", is_flag=True, help="Print the findings only: no tables, derivations or summary.")
 @click.option("-v", "--verbose", is_flag=True, help="Also print, for each model, the tracer used, the tracers tried and the graph check.")
 @click.option("--show-settings", is_flag=True, help="Print the effective settings (config file, models, enabled rules) and exit.")
@@ -99,6 +103,7 @@ def command(
     show_derivation: bool,
     show_remedies: bool,
     color: str,
+    width: Optional[int],
     quiet: bool,
     verbose: bool,
     show_settings: bool,
@@ -152,7 +157,7 @@ def command(
             raise click.UsageError("--prune-baseline needs a baseline (--baseline PATH or baseline = ... in [tool.qlint])")
         from qlint.ci.formats import summary_line, write_output
 
-        options = {"color": _color(color), "quiet": quiet}
+        options = {"color": _color(color), "quiet": quiet, "width": width}
         if not (len(report.failures) == len(report.models) and config.output_format in ("full", "concise") and output_file is None):
             _write(report, config.output_format, output_file, statistics, show_derivation, write_output, **options)  # else only the errors
         for fmt, path in outputs:
@@ -235,11 +240,11 @@ def _analyse(config: Any, *, remedies: bool, show_traceback: bool, jobs: int) ->
 
 
 def _write(report: Any, fmt: str, output_file: Optional[str], statistics: bool, show_derivation: bool, write_output: Any,
-           *, color: Optional[bool] = None, quiet: bool = False) -> None:
+           *, color: Optional[bool] = None, quiet: bool = False, width: Optional[int] = None) -> None:
     if quiet and fmt in ("full", "concise") and not statistics:
         fmt, options = "concise", {"summary": False}
     else:
-        options = {"show_all_derivations": show_derivation} if fmt == "full" else {}
+        options = {"show_all_derivations": show_derivation, "width": width} if fmt == "full" else {}
     write_output(report, fmt, output_file=output_file, statistics=statistics, color=color, **options)
 
 

@@ -11,11 +11,11 @@ from __future__ import annotations
 
 import json
 import sys
-from pathlib import Path
 from typing import Any, Optional
 
 import click
 
+from qlint.cli import width_option
 from qlint.cli.failures import fail_cleanly
 
 STATUS_STYLE = {"known": "green", "declared": "cyan", "unknown": "yellow"}
@@ -24,12 +24,15 @@ STATUS_STYLE = {"known": "green", "declared": "cyan", "unknown": "yellow"}
 @click.command("coverage")
 @click.argument("specs", nargs=-1, required=True, metavar="SPEC...")
 @click.option("--format", "output_format", type=click.Choice(["table", "json"]), default="table", help="Output format.")
-@click.option("--input-shape", "input_shapes", multiple=True, metavar="2,96,7", help="Shape of an example input when the spec gives none (repeatable).")
+@click.option("--input-shape", "input_shapes", multiple=True, metavar="2,96,7",
+              help="Shape of an example input, replacing the factory's example inputs (repeatable: one per input).")
 @click.option("--input-dtype", default=None, help="dtype of the --input-shape tensors (default: float32).")
 @click.option("--mode", type=click.Choice(["train", "eval"]), default=None, help="Analyse in this mode (default: the model's own).")
-@click.option("--tracer", type=click.Choice(["symbolic_trace", "export", "make_fx"]), default=None, help="Try this tracer first.")
+@click.option("--tracer", type=click.Choice(["symbolic_trace", "export", "make_fx"]), default=None,
+              help="Use only this tracer; if it fails the model is not analysed (exit 2). Default: symbolic_trace, then export, then make_fx.")
 @click.option("--device", default=None, help="Build and trace on this device, e.g. `meta` (no weights in memory).")
 @click.option("--isolated", is_flag=True, help="Ignore every configuration file ([tool.qlint.primitives] included).")
+@width_option
 @click.option("--traceback", "show_traceback", is_flag=True, help="Show the Python traceback of a failure.")
 def command(
     specs: tuple[str, ...],
@@ -40,6 +43,7 @@ def command(
     tracer: Optional[str],
     device: Optional[str],
     isolated: bool,
+    width: Optional[int],
     show_traceback: bool,
 ) -> None:
     """List the ops of each SPEC with the registry entry that bounds them.
@@ -48,17 +52,17 @@ def command(
     block and depends on X_k); unknown ops that no block depends on are listed only.
     """
     with fail_cleanly(show_traceback):
-        from qlint.ci.config import load_config
+        from qlint.api import models_to_run
 
-        config = load_config(Path.cwd(), isolated=isolated).merge_cli(
-            models=list(specs), mode=mode, tracer=tracer, device=device, input_dtype=input_dtype,
+        config = models_to_run(
+            list(specs), isolated=isolated, mode=mode, tracer=tracer, device=device, input_dtype=input_dtype,
             input_shapes=list(input_shapes) or None,
         )  # fmt: skip
         coverages = [_coverage(spec, config) for spec in config.models]
     if output_format == "json":
         click.echo(json.dumps({"models": [c.to_dict() for c in coverages]}, indent=2))
     else:
-        _print(coverages)
+        _print(coverages, width)
     sys.exit(1 if any(c.blocking for c in coverages) else 0)
 
 
@@ -71,12 +75,12 @@ def _coverage(spec: str, config: Any) -> Any:
     return model_coverage(run(loaded.model, loaded.inputs, spec=spec, options=options))
 
 
-def _print(coverages: list[Any]) -> None:
-    from qlint.ci.render import make_console
+def _print(coverages: list[Any], width: Optional[int]) -> None:
+    from qlint.ci.render import fit_cells, make_console
     from rich.table import Table
     from rich.text import Text
 
-    console = make_console()
+    console = make_console(width=width)
     for coverage in coverages:
         table = Table(title=f"{coverage.spec}  [dim](tracer: {coverage.tracer})[/dim]", title_justify="left")
         table.add_column("op")
@@ -87,7 +91,7 @@ def _print(coverages: list[Any]) -> None:
             detail = ", ".join(use.blocks) if use.blocking else "; ".join(use.entries)
             status = f"{use.status} (in blocks)" if use.blocking else use.status
             table.add_row(use.op, str(use.count), Text(status, style="bold red" if use.blocking else STATUS_STYLE[use.status]), detail)
-        console.print(table)
+        console.print(fit_cells(table))
         unknown = [use for use in coverage.ops if use.status == "unknown"]
         console.print(
             f"{coverage.spec}: {len(coverage.ops)} op kinds, {len(unknown)} unknown, "

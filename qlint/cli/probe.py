@@ -14,6 +14,7 @@ from typing import Callable, Iterator, Optional
 
 import click
 
+from qlint.cli import width_option
 from qlint.cli.failures import fail_cleanly
 
 
@@ -26,14 +27,17 @@ from qlint.cli.failures import fail_cleanly
 @click.option("--no-perturb", "no_perturb", is_flag=True, help="Measure the parameters as built only (skip the redrawn, negated and scaled-up settings).")
 @click.option("--iterations", type=click.IntRange(min=1), default=20, show_default=True, help="Power iterations for each Jacobian norm L_k.")
 @click.option("--threads", type=click.IntRange(min=0), default=0, help="torch intra-op threads (0: torch's default); 1 is fastest for small models on a busy machine.")
-@click.option("--input-shape", "input_shapes", multiple=True, metavar="2,96,7", help="Shape of an example input when the spec gives none (repeatable).")
+@click.option("--input-shape", "input_shapes", multiple=True, metavar="2,96,7",
+              help="Shape of an example input, replacing the factory's example inputs (repeatable: one per input).")
 @click.option("--input-dtype", default=None, help="dtype of the --input-shape tensors (default: float32; probed in float64).")
 @click.option("--mode", type=click.Choice(["train", "eval"]), default=None, help="Probe in this mode (default: the model's own).")
-@click.option("--tracer", type=click.Choice(["symbolic_trace", "export", "make_fx"]), default=None, help="Try this tracer first.")
+@click.option("--tracer", type=click.Choice(["symbolic_trace", "export", "make_fx"]), default=None,
+              help="Use only this tracer; if it fails the model is not analysed (exit 2). Default: symbolic_trace, then export, then make_fx.")
 @click.option("--device", default=None, help="Build and probe on this device (not `meta`: probing needs weights).")
 @click.option("--config", "config_file", type=click.Path(dir_okay=False), default=None, help="Use this config file instead of discovering pyproject.toml.")
 @click.option("--isolated", is_flag=True, help="Ignore every configuration file.")
 @click.option("--loop", "loop", is_flag=True, help="Instead, iterate each weight-shared loop to its fixed point: residuals, rho_spec(J_G), ||J_G||_2 (source 003).")
+@width_option
 @click.option("--traceback", "show_traceback", is_flag=True, help="Show the Python traceback of a failure.")
 def command(
     specs: tuple[str, ...],
@@ -51,6 +55,7 @@ def command(
     device: Optional[str],
     config_file: Optional[str],
     isolated: bool,
+    width: Optional[int],
     show_traceback: bool,
     loop: bool,
 ) -> None:
@@ -62,15 +67,18 @@ def command(
     initialization diagnostics and the init logs QL401-QL405 (max attention logit, attention
     entropy, min per-token spread, max carry, stream RMS growth; warnings, exit code unchanged)."""
     with fail_cleanly(show_traceback):
+        from qlint import api
+
+        configured = dict(config=config_file, isolated=isolated, mode=mode, tracer=tracer, device=device,
+                          input_shapes=list(input_shapes) or None, input_dtype=input_dtype)
+        api.models_to_run(list(specs) or None, **configured)  # option and spec errors before torch is imported
         import torch
 
-        from qlint import api
+        from qlint.ci.render import make_console
         from qlint.probe.measure import ProbeSettings, as_report
 
         if threads:
             torch.set_num_threads(threads)
-        configured = dict(config=config_file, isolated=isolated, mode=mode, tracer=tracer, device=device,
-                          input_shapes=list(input_shapes) or None, input_dtype=input_dtype)
         if loop:
             from qlint.probe.loops import LoopSettings, as_json, print_loops
 
@@ -78,7 +86,7 @@ def command(
             if output_format == "json":
                 click.echo(json.dumps(as_json(loops), indent=2))
             else:
-                print_loops(loops)
+                print_loops(loops, make_console(width=width))
             sys.exit(0)
         settings = ProbeSettings(seed=seed, random_directions=directions, tolerance=tolerance, power_iterations=iterations, perturb=not no_perturb)
         with _progress(enabled=output_format == "full" and sys.stderr.isatty()) as on_block:
@@ -88,7 +96,7 @@ def command(
     else:
         from qlint.probe.render import print_probe
 
-        print_probe(results)
+        print_probe(results, make_console(width=width))
     sys.exit(1 if any(result.unsound for result in results) else 0)
 
 

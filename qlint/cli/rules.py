@@ -3,14 +3,18 @@
 from __future__ import annotations
 
 import json
+from typing import Optional
 
 import click
+
+from qlint.cli import width_option
 
 
 @click.command("rules")
 @click.option("--json", "as_json", is_flag=True, help="Print the catalogue as JSON.")
 @click.option("--table1", is_flag=True, help="Only the rows of the paper's Table 1.")
-def command(as_json: bool, table1: bool) -> None:
+@width_option
+def command(as_json: bool, table1: bool, width: Optional[int]) -> None:
     """Print every primitive qlint knows: its exponent q, coefficient and why it holds.
 
     Read from rules/primitives/*.toml without importing torch.
@@ -25,7 +29,7 @@ def command(as_json: bool, table1: bool) -> None:
                 for p in primitives]
         click.echo(json.dumps(rows, indent=2))
         return
-    from qlint.ci.render import make_console
+    from qlint.ci.render import fit_cells, make_console
     from rich.markup import escape
     from rich.table import Table
 
@@ -37,4 +41,4 @@ def command(as_json: bool, table1: bool) -> None:
     for p in primitives:
         cells = (("★ " if p.get("table1") else "") + p["name"], str(p["q"]), p.get("coefficient", ""), " ".join(p["why"].split()))
         table.add_row(*map(escape, cells))  # "[lo, hi]" is text, not rich markup
-    make_console().print(table)
+    make_console(width=width).print(fit_cells(table))

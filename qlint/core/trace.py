@@ -430,8 +430,14 @@ class _NoLeaves:
 
 def capture(model: torch.nn.Module, inputs: Optional[tuple], registry: Any = None, *, prefer: Optional[str] = None,
             reuse: bool = True) -> TracedGraph:
-    """The first faithful graph: ``prefer`` first; a preferred tracer that fails is reported.
+    """The first faithful graph of symbolic_trace, export, make_fx; ``prefer``: that tracer only.
     ``reuse``: export traces identical layers once (:mod:`qlint.core.reuse`).
+
+    A tracer the user asked for is a requirement, as an explicit flag is in mypy or ruff:
+    when it fails, the TraceFailure says so instead of another tracer's graph being used
+    under a header the user did not ask for. When every tracer fails on example inputs,
+    the model itself is run on them: a model that does not run (inputs of the wrong
+    shape) is reported as such, naming the submodule that failed and the input shapes.
 
     ``registry`` decides which nn modules symbolic_trace keeps as leaves (its module rules
     and user declarations); without one every module is traced through.
@@ -442,15 +448,14 @@ def capture(model: torch.nn.Module, inputs: Optional[tuple], registry: Any = Non
         what = "__call__" if own_call else "forward (on the instance)"
         raise TraceFailure(f"{type(model).__name__} overrides {what}: qlint traces the class's forward, which is then "
                            "not what calling the model runs; wrap it in a module whose forward does the work")
-    order = list(TRACERS)
-    if prefer:
-        if prefer not in TRACERS:
-            raise TraceFailure(f"unknown tracer {prefer!r}; choose one of {', '.join(TRACERS)}")
-        order.remove(prefer)
-        order.insert(0, prefer)
+    if prefer and prefer not in TRACERS:
+        raise TraceFailure(f"unknown tracer {prefer!r}; choose one of {', '.join(TRACERS)}")
+    if prefer and prefer != "symbolic_trace" and inputs is None:
+        raise TraceFailure(f"the tracer {prefer} was asked for (--tracer / tracer = ...) and needs example inputs: "
+                           "give --input-shape, or return (model, example_inputs) from the factory")
     attempts: list[str] = []
     errors: list[tuple[str, BaseException]] = []
-    for name in order:
+    for name in [prefer] if prefer else TRACERS:
         if name != "symbolic_trace" and inputs is None:
             attempts.append(f"{name}: needs example inputs")
             continue
@@ -480,7 +485,38 @@ def capture(model: torch.nn.Module, inputs: Optional[tuple], registry: Any = Non
         return TracedGraph(module=module, tracer=name, attempts=attempts, graph_check=check,
                            replayed=list(module.meta.get("qlint_replayed", [])),
                            reuse_abandoned=module.meta.get("qlint_reuse_abandoned", ""))
-    raise TraceFailure(explain(model, errors, inputs is None))
+    refused = _eager_failure(model, inputs) if inputs is not None and not _has_meta(model, inputs) else None
+    if refused is not None:
+        raise TraceFailure(f"{type(model).__name__} does not run on its example inputs {_shapes_of(inputs)}: "
+                           f"{_culprit(model, refused)} raised {first_line(refused)}; "
+                           "give inputs the model accepts (--input-shape, or the factory's example inputs)") from refused
+    message = explain(model, errors, inputs)
+    if prefer:
+        message += f"; {prefer} was asked for (--tracer / tracer = ...), so no other tracer was tried"
+    raise TraceFailure(message) from (_explained(errors)[1] if errors else None)
+
+
+def _shapes_of(inputs: tuple) -> str:
+    """``(2, 4, 99) float32, (2, 4) int64``: each example input's shape and dtype (else its type)."""
+    return ", ".join(f"{tuple(x.shape)} {str(x.dtype).removeprefix('torch.')}" if isinstance(x, torch.Tensor)
+                     else type(x).__name__ for x in inputs)
+
+
+def _eager_failure(model: torch.nn.Module, inputs: tuple) -> Optional[BaseException]:
+    """What the eager model raises on ``inputs``, if anything (no gradients; the parameters,
+    buffers and RNG state are restored). Not on meta tensors: there a value read raises too,
+    so a tracer's failure could not be told from inputs the model does not accept."""
+    saved = _snapshot(model)
+    state = torch.random.get_rng_state()
+    try:
+        with quiet(), torch.no_grad():
+            _eager(model, inputs)
+    except Exception as exc:  # noqa: BLE001  (returned: the caller reports it)
+        return exc
+    finally:
+        _restore(model, saved)
+        torch.random.set_rng_state(state)
+    return None
 
 
 class GraphMismatch(Exception):
@@ -504,8 +540,7 @@ def compare_with_eager(model: torch.nn.Module, module: fx.GraphModule, inputs: O
         return "not compared: no example inputs"
     from torch.fx.passes.shape_prop import ShapeProp
 
-    meta = any(isinstance(x, torch.Tensor) and x.is_meta for x in inputs) or any(p.is_meta for p in model.parameters())
-    if meta:
+    if _has_meta(model, inputs):
         if shape_only:
             ShapeProp(module).propagate(*inputs)
         return "not compared: meta tensors have no values"
@@ -538,6 +573,11 @@ def compare_with_eager(model: torch.nn.Module, module: fx.GraphModule, inputs: O
 
 
 SCALES = (1e3, 1e6)
+
+
+def _has_meta(model: torch.nn.Module, inputs: tuple) -> bool:
+    """Meta inputs or parameters: shapes without values."""
+    return any(isinstance(x, torch.Tensor) and x.is_meta for x in inputs) or any(p.is_meta for p in model.parameters())
 
 
 def _run(module: fx.GraphModule, inputs: tuple) -> Any:
@@ -662,34 +702,45 @@ _CONSTRUCTS = (
 _TRACER_PREFERENCE = ("export", "make_fx", "symbolic_trace")
 
 
-def explain(model: torch.nn.Module, errors: list[tuple[str, BaseException]], no_inputs: bool) -> str:
+def explain(model: torch.nn.Module, errors: list[tuple[str, BaseException]], inputs: Optional[tuple]) -> str:
     """One line: which submodule and which Python construct stopped tracing, and what helps."""
     if not errors:
         return "could not trace the model: symbolic_trace needs no inputs but export/make_fx do; give --input-shape"
-    by_tracer = dict(errors)
-    name = next((t for t in _TRACER_PREFERENCE if t in by_tracer), errors[-1][0])
-    exc = by_tracer[name]
+    name, exc = _explained(errors)
     if isinstance(exc, GraphMismatch):
         return f"could not trace {type(model).__name__} faithfully: {exc} ({name})"
     path, owner = _failing_submodule(model, exc)
-    subject = f"`{path}` ({type(owner).__name__})" if path else "its forward"
-    where = _user_frame(exc)
-    location = f" at {where}" if where else ""
+    subject = _culprit(model, exc)
     text = str(exc)
     construct = next((what for phrases, what in _CONSTRUCTS if any(p in text for p in phrases)), None)
     if construct is None:
         return (
-            f"could not trace {type(model).__name__}: {subject}{location} raised {first_line(exc)} ({name}); "
-            "check that the model runs on its example inputs (--traceback shows where)"
+            f"could not trace {type(model).__name__}: {subject} raised {first_line(exc)} ({name}); "
+            f"check that the model runs on its example inputs{f' {_shapes_of(inputs)}' if inputs else ''} (--traceback shows where)"
         )
-    hint = "give --input-shape so torch.export can run it, or " if no_inputs else ""
+    hint = "give --input-shape so torch.export can run it, or " if inputs is None else ""
     leaf = type(owner if path else model)
     key = declared_name(leaf)
     return (
-        f"could not trace {type(model).__name__}: {subject}{location} {construct} ({name}); "
+        f"could not trace {type(model).__name__}: {subject} {construct} ({name}); "
         f"{hint}declare its exponent so qlint treats it as an opaque leaf: "
         f"qlint.register({leaf.__name__}, q=..., why=...) or [tool.qlint.primitives] \"{key}\" = {{ q = ..., why = \"...\" }}"
     )
+
+
+def _explained(errors: list[tuple[str, BaseException]]) -> tuple[str, BaseException]:
+    """The tracer failure that explains best (export's and make_fx's run the real forward)."""
+    by_tracer = dict(errors)
+    name = next((t for t in _TRACER_PREFERENCE if t in by_tracer), errors[-1][0])
+    return name, by_tracer[name]
+
+
+def _culprit(model: torch.nn.Module, exc: BaseException) -> str:
+    """The submodule and the user's line that raised, e.g. ```w1` (Linear) at model.py:30 `return self.w1(x)```."""
+    path, owner = _failing_submodule(model, exc)
+    subject = f"`{path}` ({type(owner).__name__})" if path else "its forward"
+    where = _user_frame(exc)
+    return f"{subject} at {where}" if where else subject
 
 
 def _failing_submodule(model: torch.nn.Module, exc: BaseException) -> tuple[str, Optional[torch.nn.Module]]:

@@ -328,7 +328,7 @@ def as_json(results: dict[str, list[LoopProbe]]) -> dict[str, Any]:
 
 def print_loops(results: dict[str, list[LoopProbe]], console: Any = None) -> None:
     """The rich report: one two-column table per loop (80 columns wide at most), then its findings."""
-    from qlint.ci.render import make_console
+    from qlint.ci.render import fit_cells, make_console
     from rich.table import Table
 
     console = console or make_console()
@@ -339,7 +339,7 @@ def print_loops(results: dict[str, list[LoopProbe]], console: Any = None) -> Non
             table.add_column("value")
             for measure, value in _rows(probe):
                 table.add_row(measure, value)
-            console.print(table)
+            console.print(fit_cells(table))
             for finding in probe.findings:
                 style = "yellow" if finding.severity == "warning" else "red"
                 where = f" ({finding.source})" if finding.source else ""

@@ -9,7 +9,7 @@ from rich.console import Console, Group
 from rich.table import Table
 from rich.text import Text
 
-from qlint.ci.render import make_console
+from qlint.ci.render import fit_cells, make_console
 from qlint.core.algebra import format_q
 from qlint.probe.measure import BlockProbe, ModelProbe
 from qlint.probe.bounds import FORMATS, StackBounds
@@ -34,9 +34,9 @@ def exponent_table(result: ModelProbe) -> Table:
     """Static against measured exponent per block, the constants and the cost."""
     report = result.report
     table = Table(title=f"{report.spec}  [dim](tracer: {report.tracer}, mode: {report.mode}, float64)[/dim]", title_justify="left")
-    table.add_column("block", no_wrap=True)
+    table.add_column("block")
     for column in ("q", "measured", "spread", "agreement", "c", "b", "L", "cost"):
-        table.add_column(column, justify="left" if column == "agreement" else "right", no_wrap=True)
+        table.add_column(column, justify="left" if column == "agreement" else "right")
     for block in result.blocks:
         measured = "-" if block.q_measured is None else f"{round(block.q_measured, 3) + 0.0:.3f}" + ("" if block.asymptotic else "*")
         table.add_row(
@@ -50,7 +50,7 @@ def exponent_table(result: ModelProbe) -> Table:
             number(block.lipschitz),
             f"{block.seconds:.1f}s/{block.evaluations}",
         )
-    return table
+    return fit_cells(table)
 
 
 def block_notes(blocks: Sequence[BlockProbe]) -> list[Text]:
@@ -99,9 +99,9 @@ def bounds_text(bounds: StackBounds) -> Text:
 def init_tables(init: InitDiagnostics) -> list:
     """RMS through the stack, branch scaling, layer gains and the flags."""
     stack = Table(title="init: RMS through the stack (unit-variance input and cotangent)", title_justify="left")
-    stack.add_column("block", no_wrap=True)
+    stack.add_column("block")
     for column in ("activation in → out", "gradient in ← out", "out-proj std vs 1/√2L"):
-        stack.add_column(column, justify="right", no_wrap=True)
+        stack.add_column(column, justify="right")
     branches = {branch.block: branch for branch in init.branches}
     for layer in init.stack:
         branch = branches.get(layer.name)
@@ -115,13 +115,13 @@ def init_tables(init: InitDiagnostics) -> list:
             scale,
         )
     gains = Table(title="init: layer gains (n_in·σ_w² / gain(φ)², 1 at criticality)", title_justify="left")
-    gains.add_column("layer", no_wrap=True)
+    gains.add_column("layer")
     for column in ("n_in·σ_w²", "φ", "gain(φ)", "effective"):
-        gains.add_column(column, justify="left" if column == "φ" else "right", no_wrap=True)
+        gains.add_column(column, justify="left" if column == "φ" else "right")
     for gain in init.gains:
         source = "" if gain.gain_source == "calculate_gain" else "ᵉ"
         gains.add_row(gain.name, number(gain.gain), gain.nonlinearity, f"{gain.nonlinearity_gain:.3f}{source}", number(gain.effective))
-    parts: list = [stack, gains]
+    parts: list = [fit_cells(stack), fit_cells(gains)]
     if any(gain.gain_source != "calculate_gain" for gain in init.gains):
         parts.append(Text("ᵉ not in torch.nn.init.calculate_gain: 1/sqrt(E[φ(z)²]) for z ~ N(0, 1)", style="dim"))
     parts.extend(Text(flag, style="yellow") for flag in init.flags)
@@ -135,7 +135,7 @@ def logs_parts(result: ModelProbe) -> list:
         return []
     table = Table(title="init logs (001 Parts III, VI, XII; 003 §5.4, §6)", title_justify="left")
     for column in ("log", "where", "measured", "flagged when"):
-        table.add_column(column, justify="right" if column == "measured" else "left", no_wrap=True)
+        table.add_column(column, justify="right" if column == "measured" else "left")
     for log in logs["attention"]:
         table.add_row("max |attention logit|", log["name"], number(log["max_logit"]), f"> {init_logs.MAX_LOGIT:g}")
         table.add_row("attention entropy / log n", log["name"], number(log["normalised_entropy"]), f"< {init_logs.ENTROPY_FLOOR:g}")
@@ -146,7 +146,7 @@ def logs_parts(result: ModelProbe) -> list:
     stream = logs["stream_growth"]
     if stream is not None:
         table.add_row("stream RMS out / in", f"{stream['blocks']} blocks", number(stream["final"]), f"> 2·√L = {number(stream['threshold'])}")
-    parts: list = [table] if table.row_count else []
+    parts: list = [fit_cells(table)] if table.row_count else []
     for finding in result.report.findings:
         if finding.code in init_logs.CODES:
             where = f" ({finding.source})" if finding.source else ""
