@@ -7,9 +7,11 @@ import sys
 
 import pytest
 import torch
+from click.testing import CliRunner
 
 from qlint.analysis import Options, load_model
 from qlint.ci.render import make_console
+from qlint.cli import main
 from qlint.core.trace import TraceFailure, capture
 from conftest import ROOT
 
@@ -185,3 +187,17 @@ def test_probe_prints_no_warning():
     completed = qlint_process("probe", TOY, "--isolated", "--directions", "1", "--iterations", "2", "--no-perturb", "--threads", "1")
     assert completed.returncode == 0, completed.stderr
     assert completed.stderr == ""
+
+
+def test_check_on_nan_weights_is_one_line_and_exit_2(tmp_path):
+    """The graph check compares the graph with the model's outputs: with a NaN weight there is nothing to compare."""
+    module = tmp_path / "nan_check.py"
+    module.write_text(
+        "import torch\nfrom qlint.zoo import toy\n"
+        "def build_model():\n    torch.manual_seed(0)\n    m = toy.LipschitzMLP(8)\n"
+        "    with torch.no_grad():\n        m.w1.weight[0, 0] = float('nan')\n    return m, (torch.randn(2, 4, 8),)\n")
+    result = CliRunner().invoke(main, [f"{module}:build_model", "--isolated"])
+    assert result.exit_code == 2
+    assert result.stderr.strip() == (f"qlint: error: {module}:build_model: the parameter `w1.weight` holds inf or nan, so the "
+                                     "graph cannot be checked against the model's outputs; analyse the model with finite "
+                                     "weights (a fresh init, or --device meta)")

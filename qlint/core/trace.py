@@ -453,6 +453,11 @@ def capture(model: torch.nn.Module, inputs: Optional[tuple], registry: Any = Non
     if prefer and prefer != "symbolic_trace" and inputs is None:
         raise TraceFailure(f"the tracer {prefer} was asked for (--tracer / tracer = ...) and needs example inputs: "
                            "give --input-shape, or return (model, example_inputs) from the factory")
+    broken = non_finite_parameters(model) if inputs is not None else []
+    if broken:
+        more = f" (and {len(broken) - 1} more)" if len(broken) > 1 else ""
+        raise TraceFailure(f"the parameter `{broken[0]}` holds inf or nan{more}, so the graph cannot be checked against "
+                           "the model's outputs; analyse the model with finite weights (a fresh init, or --device meta)")
     attempts: list[str] = []
     errors: list[tuple[str, BaseException]] = []
     for name in [prefer] if prefer else TRACERS:
@@ -521,6 +526,13 @@ def _eager_failure(model: torch.nn.Module, inputs: tuple) -> Optional[BaseExcept
 
 class GraphMismatch(Exception):
     """The traced graph does not compute what the eager model computes."""
+
+
+def non_finite_parameters(model: torch.nn.Module) -> list[str]:
+    """The floating parameters holding inf or nan (meta ones have no values)."""
+    with torch.no_grad():
+        return [name for name, p in model.named_parameters()
+                if (p.is_floating_point() or p.is_complex()) and not p.is_meta and not bool(torch.isfinite(p).all())]
 
 
 def compare_with_eager(model: torch.nn.Module, module: fx.GraphModule, inputs: Optional[tuple], *, shape_only: bool = False) -> str:

@@ -34,7 +34,7 @@ from qlint.core.engine import Analysis
 from qlint.core.errors import QlintError
 from qlint.core.graph import run_cone
 from qlint.core.results import ModelReport, Report
-from qlint.core.trace import tensor_outputs
+from qlint.core.trace import non_finite_parameters, tensor_outputs
 from qlint.probe import bounds as probe_bounds
 from qlint.probe import init as probe_init
 from qlint.probe.witness import AS_BUILT, directions, perturbations
@@ -876,7 +876,7 @@ def _require_weights(model: torch.nn.Module, inputs: Optional[tuple]) -> None:
 
 def _require_finite(model: torch.nn.Module, inputs: tuple) -> None:
     """A model whose own output is inf or nan on its example inputs has nothing to measure."""
-    bad = [name for name, p in model.named_parameters() if not bool(torch.isfinite(p).all())]
+    bad = non_finite_parameters(model)
     if bad:
         raise ProbeError(f"the parameter `{bad[0]}` holds inf or nan{f' (and {len(bad) - 1} more)' if len(bad) > 1 else ''}: nothing to measure")
     with torch.no_grad(), tensor_outputs(model):
