@@ -817,19 +817,15 @@ def matmul(call: Call, entry: Any) -> Any:
 
 @transfer("grouped_mm")
 def grouped_mm(call: Call, entry: Any) -> Any:
-    """Mixture-of-experts dispatch: row r of the output is row r of the input times the weight
-    of the expert whose group holds r (``offs``: cumulative row counts), plus that expert's bias.
-    So ||out_r|| <= max_e ||W_e|| ||in_r|| + max_e ||b_e|| whatever ``offs`` is: the offsets
-    choose a weight and never scale (Theorem 9(iii) for the product, (ii) for the bias), and a
-    weight computed from the input makes it bilinear (the exponents add). Rows past offs[-1]
-    are zeros in transformers' fallback; torch's kernel leaves them unwritten, which MoE layers
-    never read (they build offs from the count of every routed row)."""
-    operands = [g for name in ("self", "mat_a", "input", "mat2", "mat_b", "weight") if (g := call.growth(name)) is not None]
+    """Mixture-of-experts dispatch (transformers' grouped_mm_fallback): row r of the output is row
+    r of the input times the weight of the expert whose group holds r (``offs``: cumulative row
+    counts), the rows past offs[-1] left at 0. So ||out_r|| <= max_e ||W_e|| ||in_r|| whatever
+    ``offs`` is: the offsets choose a weight and never scale (Theorem 9(iii)), and a weight
+    computed from the input makes it bilinear (the exponents add)."""
+    operands = [g for name in ("input", "weight") if (g := call.growth(name)) is not None]
     call.meta("offs")
     call.accept_params()
-    product = combine_product(*operands)
-    bias = call.growth("bias")
-    return combine_max(product, bias) if bias is not None else product
+    return combine_product(*operands)
 
 
 @transfer("affine")
@@ -997,6 +993,15 @@ def _running_variance_ok(call: Call, eps_ok: bool) -> Optional[str]:
 
 
 # --- reductions -------------------------------------------------------------------------------
+
+
+@transfer("diff")
+def diff(call: Call, entry: Any) -> Any:
+    """diff(x, n, dim, prepend, append): forward differences of cat(prepend, x, append), each
+    entry a signed sum of at most 2^n entries: ||diff|| <= 2^n ||cat(...)||, the largest exponent."""
+    parts = [g for name in ("input", "prepend", "append") if (g := call.growth(name)) is not None]
+    call.accept_params()
+    return combine_max(*parts)
 
 
 @transfer("reduce")
