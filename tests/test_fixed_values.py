@@ -88,3 +88,37 @@ def test_a_divisor_made_from_a_shape_is_bounded_away_from_zero(tracer):
 def test_a_divisor_made_from_a_shape_that_is_zero_stays_unbounded():
     blocks, reasons = verdict(ScaledBySize(0), "export")
     assert blocks == [(None, "uncertified")] and len(reasons) == 1
+
+
+class DividedByUninitialised(nn.Module):
+    """x + fc(x) / (empty(8) + 1): uninitialised memory has no one value to evaluate."""
+
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Linear(WIDTH, WIDTH)
+
+    def forward(self, x):
+        return x + self.fc(x) / (torch.empty(WIDTH, device=x.device) + 1)
+
+
+@pytest.mark.parametrize("tracer", ["export", "make_fx"])
+def test_uninitialised_memory_is_never_evaluated_by_value(tracer):
+    from qlint.core.trace import TraceFailure
+
+    try:
+        blocks, _ = verdict(DividedByUninitialised(), tracer)
+    except TraceFailure:
+        return  # the graph check saw two calls differ: refused, also not certified
+    assert blocks == [(None, "uncertified")]
+
+
+def test_random_draws_and_uninitialised_memory_are_indeterminate():
+    from qlint.core.graph import indeterminate
+
+    def node(target):
+        return type("N", (), {"target": target})()
+
+    aten = torch.ops.aten
+    assert all(indeterminate(node(t)) for t in (aten.empty.memory_format, aten.empty_like.default, aten.rand.default,
+                                                aten.randn_like.default, aten.bernoulli.p, torch.rand, torch.empty, "normal_"))
+    assert not any(indeterminate(node(t)) for t in (aten.arange.default, aten.zeros.default, aten.full.default, torch.arange))

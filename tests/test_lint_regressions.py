@@ -9,6 +9,8 @@ import importlib.util
 import os
 
 import pytest
+import torch
+from torch import nn
 
 TRACERS = ["symbolic_trace", "export"]
 SPEC = "regressions_lint.py"
@@ -201,3 +203,42 @@ def test_xcit_blocks_are_named_after_their_branches(zoo):
         ("cls_attn_blocks.0:attn", 0.0), ("cls_attn_blocks.0:mlp", 1.0),
         ("cls_attn_blocks.1:attn", 0.0), ("cls_attn_blocks.1:mlp", 1.0)]
     assert "Xcit" not in {b.name for b in report.blocks}
+
+
+# --- a join that reads inner blocks is a readout only when it is linear in what it reads -------------
+
+
+class _ReadsInner(nn.Module):
+    """a = x + f(x); b = a + g(a); c = x + h(b), returning (c.sum(-1), a, b): the outer join's velocity
+    holds both inner blocks, which also go on to the output."""
+
+    def __init__(self, h):
+        super().__init__()
+        self.f, self.g, self.h = nn.Linear(8, 8), nn.Linear(8, 8), h
+
+    def forward(self, x):
+        a = x + self.f(x)
+        b = a + self.g(a)
+        c = x + self.h(b)
+        return c.sum(-1), a, b
+
+
+@pytest.mark.parametrize("tracer", ["symbolic_trace", "export"])
+@pytest.mark.parametrize("h, q", [(lambda b: b ** 3, 3.0), (lambda b: b * b, 2.0)])
+def test_a_nonlinear_outer_join_that_reads_inner_blocks_stays_a_block(h, q, tracer):
+    from qlint.analysis import Options, run
+
+    torch.manual_seed(0)
+    report = run(_ReadsInner(h), (torch.randn(4, 8),), spec="m", options=Options(tracer=tracer)).report
+    assert sorted((b.q, b.status) for b in report.blocks) == [(1.0, "ok"), (1.0, "ok"), (q, "supercritical")]
+    assert report.verdict == "supercritical"
+
+
+@pytest.mark.parametrize("tracer", ["symbolic_trace", "export"])
+def test_a_linear_readout_of_inner_blocks_is_not_a_block(tracer):
+    """c = x + b: a sum of stream values read at two depths (Autoformer's trend1 + trend2 + trend3)."""
+    from qlint.analysis import Options, run
+
+    torch.manual_seed(0)
+    report = run(_ReadsInner(lambda b: b), (torch.randn(4, 8),), spec="m", options=Options(tracer=tracer)).report
+    assert [(b.q, b.status) for b in report.blocks] == [(1.0, "ok"), (1.0, "ok")]

@@ -290,7 +290,7 @@ def find_stream(graph: GraphFacts, root_name: str = "model") -> Stream:
             nested.append(block)
         else:
             top.append(block)
-    blocks = [b for b in top if not _readout(b, top)]
+    blocks = [b for b in top if not _readout(b, top, graph)]
     blocks.sort(key=lambda b: graph.order[b.join])
     transitions = _chain(blocks, graph)
     for index, block in enumerate(blocks):
@@ -408,17 +408,55 @@ def _is_nested(block: Block, by_join: dict[fx.Node, Block], graph: GraphFacts) -
     return False
 
 
-def _readout(block: Block, top: list[Block]) -> bool:
+def _readout(block: Block, top: list[Block], graph: GraphFacts) -> bool:
     """A sum of values read off the stream at several depths, not an update of it.
 
     Autoformer's decoder adds the trends of its three decompositions, trend1 + trend2 +
     trend3: trend2 depends on trend1 only through the seasonal stream and the blocks
     after it. Such a join's velocity holds whole blocks (their input and their join),
-    whose outputs also go on past it (else they would be nested): the join reads the
-    stream, it does not carry it. It is left to the transitions and the head.
+    whose outputs also go on past it (else they would be nested), and every velocity term
+    is a linear readout of those stream values (averages, sums, constant scales, moves of
+    entries): the join reads the stream, it does not carry it, and its growth is that of
+    the values it reads. Anything more (``x + tail(b)**2`` of a residual-in-residual
+    model that also returns b) stays a block and is bounded like any other.
     """
     region = block.region_set
-    return any(other is not block and other.join in region and other.stream in region for other in top)
+    inner = [o for o in top if o is not block and o.join in region and o.stream in region]
+    if not inner:
+        return False
+    read = {o.join for o in inner} | {o.stream for o in inner} | {block.stream}
+    return all(_linear_readout(t.node, read, graph) for t in block.terms)
+
+
+def _linear_readout(node: fx.Node, read: set[fx.Node], graph: GraphFacts) -> bool:
+    """``node`` is computed from the values in ``read`` by linear maps without weights:
+    averages, sums and differences, scales by an input-independent factor, moves of entries."""
+    from qlint.core.ops import op_name
+
+    stack, seen = [node], set()
+    while stack:
+        current = stack.pop()
+        if current in read or current in seen:
+            continue
+        seen.add(current)
+        info = facts(current)
+        parents = [p for p in graph.parents.get(current, ()) if p in graph.data]
+        linear = (op_name(current) in _AVERAGES or info.plumbing or "concat" in info.family or info.op == "pad"
+                  or info.op in ("add", "sub", "neg") or _constant_scale(current, graph))
+        if not linear or not parents:
+            return False  # a weight layer, a product of two signals, a model input
+        stack.extend(parents)
+    return True
+
+
+def _constant_scale(node: fx.Node, graph: GraphFacts) -> bool:
+    """``x * c`` or ``x / c`` with c independent of the input (``b * b`` is a product, ``c / x`` no scale)."""
+    op = facts(node).op
+    if op not in ("mul", "div"):
+        return False
+    a, b = _arg(node, "input"), _arg(node, "other")
+    dependent = [isinstance(v, fx.Node) and v in graph.data for v in (a, b)]
+    return dependent == [True, False] or (op == "mul" and dependent == [False, True])
 
 
 def _chain(blocks: list[Block], graph: GraphFacts) -> list[Transition]:

@@ -132,6 +132,23 @@ def _declared_regions(nodes: list[fx.Node], registry: Any, classes: dict[str, ty
     return regions
 
 
+_UNINITIALISED = frozenset({"empty", "empty_like", "new_empty", "empty_strided", "new_empty_strided", "empty_permuted"})
+_RANDOM = frozenset({"rand", "randn", "randint", "rand_like", "randn_like", "randint_like", "normal", "normal_", "bernoulli",
+                     "bernoulli_", "multinomial", "randperm", "poisson", "uniform_", "exponential_", "geometric_",
+                     "log_normal_", "cauchy_", "random_", "dropout", "alpha_dropout", "feature_alpha_dropout",
+                     "native_dropout", "rrelu"})
+
+
+def indeterminate(node: fx.Node) -> bool:
+    """A value that is not a function of the node's arguments: a random draw or uninitialised
+    memory (``torch.empty``). Evaluating it once says nothing about the next call."""
+    target = node.target
+    if isinstance(target, torch._ops.OpOverload):
+        return torch.Tag.nondeterministic_seeded in target.tags or target.overloadpacket.__name__ in _UNINITIALISED | _RANDOM
+    name = target if isinstance(target, str) else getattr(target, "__name__", "")
+    return name in _UNINITIALISED or name in _RANDOM
+
+
 class GraphFacts:
     """Order, value dependence, ancestors and post-dominators of an annotated graph."""
 
@@ -193,8 +210,8 @@ class GraphFacts:
         while stack:
             current = stack.pop()
             if current not in needed and current not in env:
-                if current.op == "placeholder":
-                    return None
+                if current.op == "placeholder" or indeterminate(current):
+                    return None  # an input, a random draw or uninitialised memory: no one value
                 needed.add(current)
                 stack.extend(current.all_input_nodes)
         try:

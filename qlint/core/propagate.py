@@ -24,7 +24,7 @@ import torch.fx as fx
 
 from qlint.core import algebra, domain
 from qlint.core.domain import ANY, CONSTANT, Growth, Range, unknown
-from qlint.core.graph import GraphFacts, NodeFacts, dtype_of, facts, run_cone, tensor_meta
+from qlint.core.graph import GraphFacts, NodeFacts, dtype_of, facts, indeterminate, run_cone, tensor_meta
 from qlint.core.ops import Call
 from qlint.core.relations import Normalisation, OwnMaxShift, OwnSumRatio
 
@@ -124,7 +124,7 @@ class GrowthProp(fx.Interpreter):
 
     def _fixed(self) -> frozenset[fx.Node]:
         """Nodes computed from shapes and literals alone: no input, no parameter or buffer, no
-        random draw. Each has one value whatever the input and the parameters, so it is bounded
+        random draw or uninitialised memory (:func:`~qlint.core.graph.indeterminate`). Each has one value whatever the input and the parameters, so it is bounded
         by its entries, as a lifted tensor constant is (T5's relative-position buckets take
         the log of 0 and select past it with ``where``: the buckets themselves are finite)."""
         if self._fixed_nodes is None:
@@ -134,8 +134,7 @@ class GrowthProp(fx.Interpreter):
                     ok = not self._arbitrary(str(node.target))
                 elif node.op == "call_function":
                     target = node.target
-                    ok = target is operator.getitem or (isinstance(target, torch._ops.OpOverload)
-                                                         and torch.Tag.nondeterministic_seeded not in target.tags)
+                    ok = target is operator.getitem or (isinstance(target, torch._ops.OpOverload) and not indeterminate(node))
                     ok = ok and all(p in fixed for p in node.all_input_nodes)
                 else:
                     ok = False
