@@ -39,6 +39,7 @@ from typing import Callable, Optional
 import torch
 import torch.fx as fx
 
+from qlint.core.blocks import Term
 from qlint.core.engine import Analysis
 from qlint.core.graph import module_path
 from qlint.lint.graph_queries import argument, constant_value, family, is_normalizer, once_per_graph, op, stacks, uses_running_stats
@@ -72,7 +73,7 @@ class BranchScale:
 def branch_scales(analysis: Analysis) -> list[BranchScale]:
     """Every block's branch scale (the largest of its velocity terms), in stream order."""
     blocks = analysis.stream.blocks
-    ends = {b.name: [_branch_end(t.entry or t.node, analysis) for t in b.terms] for b in blocks}
+    ends = {b.name: [_branch_end(_entering(t), analysis) for t in b.terms] for b in blocks}
     projections = {node for terms in ends.values() for _, node in terms if _weight(node, analysis)[0]}
     reference, reference_fan_in = _reference(analysis, projections)
     fixed = _fixed_std([w for w in (_weight(n, analysis)[1] for n in projections) if w is not None])
@@ -132,6 +133,17 @@ def _fixed_std(projections: list[torch.Tensor]) -> bool:
     low, high = min(by_fan_in), max(by_fan_in)
     slope = math.log(statistics.median(by_fan_in[high]) / statistics.median(by_fan_in[low])) / math.log(high / low)
     return slope > -0.25
+
+
+def _entering(term: Term) -> fx.Node:
+    """The value that carries a velocity term into the join: ``gamma * (pool(y) - y)`` for the
+    term pool(y) of PoolFormer's LayerScaled token mixer, whose scale sits above the split."""
+    if term.path:
+        join, name = term.path[0]
+        value = argument(join, name)
+        if isinstance(value, fx.Node):
+            return value
+    return term.entry or term.node
 
 
 def _branch_end(term: fx.Node, analysis: Analysis) -> tuple[Optional[float], fx.Node]:
