@@ -216,3 +216,43 @@ def test_a_loop_hop_stays_unknown():
     report = run(Loop(), (torch.randn(2, 8),), spec="l", options=Options(tracer="export")).report
     assert verdict(report) == [("Loop", None, "uncertified")]
     assert reasons(report) == ["block `Loop` is uncertified: unknown op `torch.ops.higher_order.while_loop`"]
+
+
+class Nested(nn.Module):
+    """x + cond(p, lambda: cond(q, fc(y)**a, fc(y)), lambda: fc(y)): a cond inside a branch."""
+
+    def __init__(self, power):
+        super().__init__()
+        self.fc, self.power = nn.Linear(8, 8), power
+
+    def forward(self, x):
+        def inner(y):
+            return torch.cond(y.mean() > 0, lambda z: self.fc(z) ** self.power, lambda z: self.fc(z), (y,))
+
+        return x + torch.cond(x.sum() > 0, inner, lambda y: self.fc(y), (x,))
+
+
+@pytest.mark.parametrize("power, q", [(1, 1.0), (3, 3.0)])
+def test_a_cond_inside_a_branch_is_opened_too(power, q):
+    torch.manual_seed(0)
+    analysis = run(Nested(power), (torch.randn(2, 8),), spec="n", options=Options(tracer="export"))
+    assert not any(isinstance(n.target, torch._ops.HigherOrderOperator) for n in analysis.traced.graph.nodes)
+    assert verdict(analysis.report) == [("Nested", q, "ok" if q <= 1 else "supercritical")]
+
+
+class BranchConstant(nn.Module):
+    """x + cond(p, fc(y) ** tensor(1.0), fc(y)): a tensor constant inside a branch is read by value
+    (an exponent qlint could not read would leave the block uncertified)."""
+
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Linear(8, 8)
+
+    def forward(self, x):
+        return x + torch.cond(x.sum() > 0, lambda y: self.fc(y) ** torch.tensor(1.0), lambda y: self.fc(y), (x,))
+
+
+def test_a_tensor_constant_inside_a_branch_is_read_by_value():
+    torch.manual_seed(0)
+    report = run(BranchConstant(), (torch.randn(2, 8),), spec="c", options=Options(tracer="export")).report
+    assert verdict(report) == [("BranchConstant", 1.0, "ok")]

@@ -627,7 +627,7 @@ def _branches(block: Block, base: str, graph: GraphFacts) -> list[str]:
         child = _child(node, prefix)
         if child:
             members.setdefault(child, []).append(node)
-    wrappers = {child for child, nodes in members.items() if _wrapper(nodes, region, graph)}
+    wrappers = {child for child, nodes in members.items() if _wrapper(nodes, graph)}
     found: list[str] = []
     stack = [t.node for t in reversed(block.terms)]
     seen: set[fx.Node] = set()
@@ -650,16 +650,12 @@ def _child(node: fx.Node, prefix: str) -> str:
     return path[len(prefix):].split(".")[0] if path.startswith(prefix) and len(path) > len(prefix) else ""
 
 
-def _wrapper(nodes: list[fx.Node], region: frozenset, graph: GraphFacts) -> bool:
+def _wrapper(nodes: list[fx.Node], graph: GraphFacts) -> bool:
     """A child that only wraps a branch: its ops pass a value on (dropout, drop-path,
     identity, casts), scale it by a factor computed outside the stream (LayerScale), or
     normalise it (a norm module or one written out, with no learned layer inside)."""
     def passes(node: fx.Node) -> bool:
-        info = facts(node)
-        if "carrier" in info.family:
-            return True
-        inside = [p for p in graph.parents.get(node, ()) if p in region]
-        return "scale" in info.family and len(inside) == 1
+        return "carrier" in facts(node).family or _constant_scale(node, graph)
 
     def normalises(node: fx.Node) -> bool:
         info = facts(node)

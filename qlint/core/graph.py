@@ -139,6 +139,12 @@ _RANDOM = frozenset({"rand", "randn", "randint", "rand_like", "randn_like", "ran
                      "native_dropout", "rrelu"})
 
 
+def lifted_constant(target: str) -> bool:
+    """An attribute fx registered for a tensor constant it lifted (``_tensor_constant0``, also inside
+    an inlined cond branch: ``true_graph_0._tensor_constant0``), not a buffer of the model."""
+    return str(target).rsplit(".", 1)[-1].startswith("_tensor_constant")
+
+
 def indeterminate(node: fx.Node) -> bool:
     """A value that is not a function of the node's arguments: a random draw or uninitialised
     memory (``torch.empty``). Evaluating it once says nothing about the next call."""

@@ -45,7 +45,13 @@ def has_regions(graph: fx.Graph) -> bool:
 
 
 def inline_bodies(module: fx.GraphModule) -> None:
-    """Rewrite every cond, checkpoint and subgraph call of ``module`` into plain nodes, in place."""
+    """Rewrite every cond, checkpoint and subgraph call of ``module`` into plain nodes, in place
+    (until none is left: an inlined body may hold another one)."""
+    while _inline_once(module):
+        pass
+
+
+def _inline_once(module: fx.GraphModule) -> bool:
     changed = False
     for node in list(module.graph.nodes):
         name = hop_name(node)
@@ -68,6 +74,7 @@ def inline_bodies(module: fx.GraphModule) -> None:
     if changed:
         module.graph.lint()
         module.recompile()
+    return changed
 
 
 def _inline(module: fx.GraphModule, at: fx.Node, body_node: Any, operands: Any) -> list[Any]:

@@ -24,7 +24,7 @@ import torch.fx as fx
 
 from qlint.core import algebra, domain
 from qlint.core.domain import ANY, CONSTANT, Growth, Range, unknown
-from qlint.core.graph import GraphFacts, NodeFacts, dtype_of, facts, indeterminate, run_cone, tensor_meta
+from qlint.core.graph import GraphFacts, NodeFacts, dtype_of, facts, indeterminate, lifted_constant, run_cone, tensor_meta
 from qlint.core.ops import Call
 from qlint.core.relations import Normalisation, OwnMaxShift, OwnSumRatio
 
@@ -151,9 +151,8 @@ class GrowthProp(fx.Interpreter):
             return True
         if not isinstance(value, torch.Tensor):
             return True
-        lifted = target.startswith("_tensor_constant")  # fx registers the constants it lifts as buffers
         return (isinstance(value, torch.nn.Parameter) or self.is_trainable(target, value)
-                or (is_buffer(self.module, target) and not lifted) or value.is_meta)
+                or (is_buffer(self.module, target) and not lifted_constant(target)) or value.is_meta)
 
     # -- leaves -------------------------------------------------------------------------------
 

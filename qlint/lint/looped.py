@@ -21,7 +21,7 @@ import torch.fx as fx
 from qlint.core import domain
 from qlint.core.domain import Growth
 from qlint.core.engine import Analysis, source_of
-from qlint.core.graph import module_path, run_cone
+from qlint.core.graph import lifted_constant, module_path, run_cone
 from qlint.core.ops import describe
 from qlint.core.propagate import is_buffer, leading
 from qlint.core.results import Finding
@@ -377,7 +377,7 @@ def _leaves(node: fx.Node, analysis: Analysis) -> dict[fx.Node, str]:
             value = analysis.prop.fetch_attr(str(leaf.target))
         except (AttributeError, RuntimeError):
             continue
-        if not isinstance(value, torch.Tensor) or str(leaf.target).startswith("_tensor_constant"):
+        if not isinstance(value, torch.Tensor) or lifted_constant(leaf.target):
             continue  # a constant the tracer lifted: the domain reads its value already
         if analysis.prop.is_trainable(str(leaf.target), value):
             found[leaf] = "parameter"
