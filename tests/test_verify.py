@@ -411,8 +411,7 @@ def test_figures_write(tmp_path):
     with open(tmp_path / "runs.jsonl", "w") as fh:
         for r in _synthetic_runs():
             fh.write(json.dumps(r) + "\n")
-    written = write_figures(tmp_path)
-    assert [p.name for p in written] == ["figure3_mamba.png", "figure4_patchtst.png"]
+    assert write_figures(tmp_path) == []  # 2 Mamba variants, 1 PatchTST: too few for a per-cell median
     depths = figure1(tmp_path / "f1.png", cs=(1.0,))
     assert (tmp_path / "f1.png").stat().st_size > 1000
     assert depths[(1.0, 1.0, "fp16")] == 16 and depths[(1.0, 5.0, "fp16")] == 3
@@ -586,3 +585,62 @@ def test_cli_protocol_flags_reach_every_row(tmp_path):
     assert recs[0]["q"] == 5.0 and recs[1]["q"] == 1.0  # linted with the knobs: q is the architecture's
     clash = CliRunner().invoke(main, args[:-1] + ["--bf16", "--amp", "fp16"])
     assert clash.exit_code == 2 and "--bf16 contradicts --amp fp16" in clash.output
+
+
+def _figure_runs():
+    """Mamba on two data sets, cells H96 × L{3, 8}, 2 seeds: free velocity loses one seed at
+    L=3 (∇) and both at L=8 (×); Peri-LN is +48.5 % off on weather L=3 (clipped)."""
+    mse = {"rmsnorm": 0.5, "preln": 0.505, "periln": 0.502, "linear": 0.495}
+    runs = []
+    for ds, free_survivor in (("weather", 0.52), ("ETTm1", 0.51)):
+        for depth in (3, 8):
+            for seed in range(2):
+                blew = depth == 8 or seed == 0
+                runs.append(_rec("mamba", "free", 5.0, ds, 96, depth, seed, blew, free_survivor))
+                for v, m in mse.items():
+                    far = v == "periln" and ds == "weather" and depth == 3
+                    runs.append(_rec("mamba", v, 1.0 if v == "linear" else 0.0, ds, 96, depth, seed, False,
+                                     0.75 if far else m))
+    return runs
+
+
+def test_figure3_marks_blowups_and_clips_the_far_variant(tmp_path):
+    pytest.importorskip("matplotlib")
+    from qlint.verify.figures import figure_mse
+
+    fig = figure_mse(_figure_runs(), "mamba", tmp_path / "f3.png")
+    assert (tmp_path / "f3.png").stat().st_size > 10_000
+    assert fig.datasets == ["weather", "ETTm1"]
+    assert fig.variants == ["free", "rmsnorm", "preln", "periln", "linear"]
+    assert fig.some_blown == [("weather", "L=3 H96", "free"), ("ETTm1", "L=3 H96", "free")]
+    assert fig.all_blown == [("weather", "L=8 H96", "free"), ("ETTm1", "L=8 H96", "free")]
+    assert fig.clipped == [("weather", "L=3 H96", "periln", pytest.approx(100 * (0.75 / 0.505 - 1)))]
+    # weather's range is set by free velocity's +2.97 % (the largest within 3 × the bulk), not by Peri-LN
+    assert fig.half_range["weather"] == pytest.approx(1.25 * 100 * (0.52 / 0.505 - 1))
+    assert fig.half_range["ETTm1"] == pytest.approx(1.25 * 100 * (0.51 / 0.502 - 1))
+
+
+def test_write_figures_skips_a_figure_of_two_variants(tmp_path):
+    pytest.importorskip("matplotlib")
+    from qlint.verify.figures import write_figures
+
+    with open(tmp_path / "runs.jsonl", "w") as fh:
+        for r in _figure_runs():
+            if r["variant"] in ("free", "rmsnorm"):
+                fh.write(json.dumps(r) + "\n")
+            fh.write(json.dumps({**r, "backbone": "patchtst"}) + "\n")  # PatchTST: all 5 variant names
+    logged = []
+    assert write_figures(tmp_path, log=logged.append) == [tmp_path / "figure4_patchtst.png"]
+    assert not (tmp_path / "figure3_mamba.png").exists()
+    assert logged == ["skipped figure3_mamba.png: 2 Mamba variant(s) (free, rmsnorm); with fewer than 3 "
+                      "the per-cell median says nothing"]
+
+
+def test_figures_name_the_verify_extra_when_matplotlib_is_missing(monkeypatch):
+    import sys
+
+    from qlint.verify import figures as F
+
+    monkeypatch.setitem(sys.modules, "matplotlib", None)  # import matplotlib now raises ImportError
+    with pytest.raises(RuntimeError, match=r"^qlint verify figures need matplotlib: pip install 'torch-qlint\[verify\]'$"):
+        F._pyplot()

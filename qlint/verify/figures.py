@@ -1,14 +1,19 @@
 """Figure 1 (r_{k+1} = r_k + c r_k^q overflow) and Figures 3/4 (per-cell MSE deviation).
 
-matplotlib is optional (``pip install 'qlint[plot]'``); :func:`overflow_depth` needs
-only the standard library.
+matplotlib comes with the ``verify`` extra (:data:`INSTALL_HINT`); :func:`overflow_depth`
+needs only the standard library.
 """
 
 from __future__ import annotations
 
+import statistics
+import sys
+from dataclasses import dataclass, field
 from decimal import Decimal, localcontext
 from pathlib import Path
-from typing import Any, Iterable, Optional, Sequence
+from typing import Any, Callable, Iterable, Optional, Sequence
+
+INSTALL_HINT = "pip install 'torch-qlint[verify]'"
 
 # Largest finite values, exactly (all representable as Python floats).
 FP16_MAX = 65504.0  # (2 - 2**-10) * 2**15
@@ -74,7 +79,7 @@ def _pyplot():
         import matplotlib.pyplot as plt
     except ImportError as exc:  # pragma: no cover - depends on the environment
         raise RuntimeError(
-            "qlint verify figures need matplotlib: pip install matplotlib (or 'qlint[plot]')"
+f"qlint verify figures need matplotlib: {INSTALL_HINT}"
         ) from exc
     return plt
 
@@ -126,68 +131,139 @@ def figure1(
     return depths
 
 
-def figure_mse(runs: Iterable[dict[str, Any]], backbone: str, path: str | Path, field: str = "test_mse") -> bool:
-    """Figures 3/4: each variant's % deviation of its mean MSE from the per-cell variant
-    median, one panel per dataset; ∇ marks cells with a blown-up seed, × cells where all
-    seeds blew up (drawn at the top edge). Returns False when ``backbone`` has no runs."""
-    from qlint.verify.grid import BACKBONES
-    from qlint.verify.tables import BACKBONE_NAMES, VARIANT_NAMES, deviations
+# With two variants the per-cell median is their mean: each deviation is just ± half their gap.
+MIN_VARIANTS = 3
+# A deviation more than FAR × the panel's 75th-percentile |deviation| is drawn at the panel's
+# edge with its value written beside it, so one far-off variant cannot flatten the others.
+FAR = 3.0
+COLORS = {"rmsnorm": "tab:blue", "free": "tab:red", "preln": "tab:green", "periln": "tab:purple", "linear": "tab:orange"}
+FIGURES = (("mamba", "figure3_mamba.png"), ("patchtst", "figure4_patchtst.png"))
 
-    dev = {k: v for k, v in deviations(list(runs), field).items() if k[0] == backbone}
-    if not dev:
-        return False
+
+@dataclass
+class MseFigure:
+    """What one Figure 3/4 drew; marks are (dataset, cell label, variant)."""
+
+    path: Path
+    datasets: list[str]
+    variants: list[str]
+    half_range: dict[str, float] = field(default_factory=dict)  # dataset -> y-axis limit ±, in %
+    some_blown: list[tuple[str, str, str]] = field(default_factory=list)  # ∇: a mean over the surviving seeds
+    all_blown: list[tuple[str, str, str]] = field(default_factory=list)  # ×: no seed survived
+    clipped: list[tuple[str, str, str, float]] = field(default_factory=list)  # (..., deviation %) past the edge
+
+
+def _stderr(msg: str) -> None:
+    print(msg, file=sys.stderr)
+
+
+def _half_range(devs: list[float]) -> float:
+    """The ± y-limit: the largest |deviation| within FAR × the 75th-percentile |deviation|,
+    with 25 % headroom for the edge marks (at least 0.5 %)."""
+    mags = sorted(abs(d) for d in devs)
+    if not mags:
+        return 1.0
+    bulk = mags[round(0.75 * (len(mags) - 1))]
+    return max(max(m for m in mags if m <= FAR * bulk) * 1.25, 0.5)
+
+
+def _cell_label(horizon: int, depth: int) -> str:
+    return f"L={depth}\nH{horizon}"
+
+
+def figure_mse(
+    runs: Iterable[dict[str, Any]], backbone: str, path: str | Path, field_name: str = "test_mse",
+    log: Callable[[str], None] = _stderr,
+) -> Optional[MseFigure]:
+    """Figure 3 (Mamba) / 4 (PatchTST) as in the paper: one panel per data set, x the
+    categorical (depth, horizon) cells, y each variant's signed % deviation of its mean MSE
+    over surviving seeds from the per-cell variant median, one point per variant; ∇ where
+    some seeds blew up, × (at the top edge) where all did. None, logged, with fewer than
+    :data:`MIN_VARIANTS` variants; None, silently, without runs of ``backbone``."""
+    from qlint.core.algebra import format_q
+    from qlint.verify.grid import BACKBONES
+    from qlint.verify.tables import BACKBONE_NAMES, VARIANT_NAMES, deviations, latest
+
+    runs = [r for r in latest(runs) if r["backbone"] == backbone]
+    if not runs:
+        return None
+    present = {r["variant"] for r in runs}
+    known = BACKBONES.get(backbone, ())
+    variants = [v for v in known if v in present] + sorted(present - set(known))
+    if len(variants) < MIN_VARIANTS:
+        log(f"skipped {Path(path).name}: {len(variants)} {BACKBONE_NAMES.get(backbone, backbone)} variant(s) "
+            f"({', '.join(variants)}); with fewer than {MIN_VARIANTS} the per-cell median says nothing")
+        return None
+    qs = {v: max((r["q"] for r in runs if r["variant"] == v and r.get("q") is not None), default=None) for v in variants}
+    dev = deviations(runs, field_name)
+    datasets = list(dict.fromkeys(r["dataset"] for r in runs))
+    summary = MseFigure(Path(path), datasets, variants)
     plt = _pyplot()
-    datasets = sorted({k[1] for k in dev})
-    fig, axes = plt.subplots(len(datasets), 1, figsize=(8, 3.2 * len(datasets)), squeeze=False)
-    variants = [v for v in BACKBONES.get(backbone, ()) if any(v in cell for cell in dev.values())]
-    colors = {"rmsnorm": "tab:blue", "preln": "tab:green", "periln": "tab:purple", "linear": "tab:orange", "free": "tab:red"}
+    fig, axes = plt.subplots(len(datasets), 1, figsize=(8.5, 3.4 * len(datasets)), squeeze=False)
     for ax, ds in zip(axes[:, 0], datasets):
-        cells = sorted(k for k in dev if k[1] == ds)
-        labels = [f"H{k[2]}\nL{k[3]}" for k in cells]
-        xs = list(range(len(cells)))
-        vals = [d["dev_pct"] for k in cells for d in dev[k].values() if d["dev_pct"] is not None]
-        top = max([abs(v) for v in vals] + [0.5]) * 1.25
+        cells = sorted((k for k in dev if k[1] == ds), key=lambda k: (k[3], k[2]))
+        labels = [_cell_label(k[2], k[3]) for k in cells]
+        half = summary.half_range[ds] = _half_range(
+            [d["dev_pct"] for k in cells for d in dev[k].values() if d["dev_pct"] is not None])
+        edge = 0.88 * half
         for j, v in enumerate(variants):
-            off = (j - (len(variants) - 1) / 2) * 0.08
-            px, py = [], []
-            for x, k in zip(xs, cells):
+            x_off = (j - (len(variants) - 1) / 2) * 0.5 / max(len(variants) - 1, 1)
+            color = COLORS.get(v, "black")
+            for x, (k, label) in enumerate(zip(cells, labels)):
                 d = dev[k].get(v)
                 if d is None:
                     continue
-                if d["dev_pct"] is None:  # all seeds blew up
-                    ax.plot([x + off], [top * 0.95], "x", color=colors.get(v, "k"), ms=9, mew=2)
+                mark = (ds, label.replace("\n", " "), v)
+                if d["dev_pct"] is None:
+                    if d["blown"] == d["n"]:
+                        summary.all_blown.append(mark)
+                        ax.plot(x + x_off, edge, "x", color=color, ms=9, mew=2)
                     continue
-                px.append(x + off)
-                py.append(d["dev_pct"])
+                y = max(-edge, min(edge, d["dev_pct"]))
+                if y != d["dev_pct"]:
+                    summary.clipped.append((*mark, d["dev_pct"]))
+                    ax.annotate(f"{d['dev_pct']:+.1f}%{'↑' if y > 0 else '↓'}", (x + x_off, y), xytext=(-6, 0),
+                                textcoords="offset points", ha="right", va="center", fontsize=7, color=color)
                 if d["blown"]:
-                    ax.plot([x + off], [d["dev_pct"]], "v", color=colors.get(v, "k"), ms=9, mfc="none")
-            ax.plot(px, py, "o-", color=colors.get(v, "k"), ms=4, lw=1,
-                    label=f"{VARIANT_NAMES.get(v, v)}" + (" (baseline)" if v == "rmsnorm" else ""))
+                    summary.some_blown.append(mark)
+                    ax.plot(x + x_off, y, "v", color=color, ms=9, mfc="none", mew=1.5)
+                else:
+                    ax.plot(x + x_off, y, "o", color=color, ms=5)
+        if ds == datasets[0]:  # one legend, beside the top panel
+            for v in variants:
+                q = "" if qs[v] is None else f", q={format_q(qs[v])}"
+                base = " — baseline" if v == "rmsnorm" else ""
+                ax.plot([], [], "o", color=COLORS.get(v, "black"), ms=5, label=f"{VARIANT_NAMES.get(v, v)}{q}{base}")
+            ax.plot([], [], "v", color="gray", mfc="none", label="∇ some seeds blew up (mean of the rest)")
+            ax.plot([], [], "x", color="gray", mew=2, label="× all seeds blew up (top edge)")
+            ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0))
+        depths = [k[3] for k in cells]
+        for x in range(1, len(cells)):
+            if depths[x] != depths[x - 1]:
+                ax.axvline(x - 0.5, color="gray", lw=0.8, ls=":")
         ax.axhline(0, color="gray", lw=0.8)
-        ax.set_xticks(xs, labels, fontsize=8)
-        ax.set_ylim(-top, top)
+        ax.set_xticks(range(len(cells)), labels, fontsize=8)
         ax.set_xlim(-0.5, len(cells) - 0.5)
+        ax.set_ylim(-half, half)
         ax.set_ylabel("MSE vs cell median (%)")
-        ax.set_title(f"{BACKBONE_NAMES.get(backbone, backbone)} on {ds}: {field} deviation from per-cell median"
-                     " (∇ some seeds blew up, × all)", fontsize=9)
-        ax.grid(True, alpha=0.3)
-        ax.legend(fontsize=7, ncol=len(variants))
+        clip_note = f" (beyond ±{edge:.2g}%: at the edge, value written)" if any(c[0] == ds for c in summary.clipped) else ""
+        ax.set_title(f"{ds}{clip_note}", fontsize=9)
+        ax.grid(True, axis="y", alpha=0.3)
+    fig.suptitle(f"{BACKBONE_NAMES.get(backbone, backbone)} variants: signed % deviation of each variant's mean "
+                 f"{field_name} (surviving seeds)\nfrom the per-cell variant median (0 % = median, negative = lower error)",
+                 fontsize=9.5)
     fig.tight_layout()
     fig.savefig(path, dpi=130)
     plt.close(fig)
-    return True
+    return summary
 
 
-def write_figures(out_dir: str | Path) -> list[Path]:
-    """``figure3_mamba.png`` and ``figure4_patchtst.png`` from ``out_dir/runs.jsonl``."""
+def write_figures(out_dir: str | Path, log: Callable[[str], None] = _stderr) -> list[Path]:
+    """``figure3_mamba.png`` and ``figure4_patchtst.png`` from ``out_dir/runs.jsonl``
+    (each only where its backbone has at least :data:`MIN_VARIANTS` variants)."""
     from qlint.verify.grid import read_runs
-    from qlint.verify.tables import latest
 
     out_dir = Path(out_dir)
-    runs = latest(read_runs(out_dir / "runs.jsonl"))
-    written = []
-    for backbone, name in (("mamba", "figure3_mamba.png"), ("patchtst", "figure4_patchtst.png")):
-        p = out_dir / name
-        if figure_mse(runs, backbone, p):
-            written.append(p)
-    return written
+    runs = read_runs(out_dir / "runs.jsonl")
+    drawn = (figure_mse(runs, backbone, out_dir / name, log=log) for backbone, name in FIGURES)
+    return [f.path for f in drawn if f is not None]
