@@ -7,7 +7,7 @@ The public API is imported lazily so that ``qlint --help`` does not import torch
 ``qlint.check(specs)`` and ``qlint.analyze(model, inputs)`` (:mod:`qlint.api`, the same
 configuration as the command line), ``qlint.register(cls, q=..., why=...)``
 (:mod:`qlint.registry`), ``qlint.remedy(...)`` (:mod:`qlint.remedies`) and
-``qlint.monitor(model, inputs)`` (:mod:`qlint.monitor`: stream norms and block gains during
+``qlint.monitor(model, inputs)`` (:mod:`qlint.monitoring`: stream norms and block gains during
 training). Probes are in the :mod:`qlint.probe` package.
 """
 
@@ -22,14 +22,14 @@ __all__ = ["__version__", "analyze", "check", "monitor", "register", "remedy"]
 _LAZY = {
     "analyze": "qlint.api",
     "check": "qlint.api",
-    "monitor": "qlint.monitor",
+    "monitor": "qlint.monitoring",
     "register": "qlint.registry",
     "remedy": "qlint.remedies",
 }
 
 if TYPE_CHECKING:  # pragma: no cover
     from qlint.api import analyze, check
-    from qlint.monitor import monitor
+    from qlint.monitoring import monitor
     from qlint.registry import register
     from qlint.remedies import remedy
 

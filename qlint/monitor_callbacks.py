@@ -18,7 +18,7 @@ from typing import Any, Callable, Optional, Sequence
 
 import torch
 
-from qlint.monitor import StreamMonitor
+from qlint.monitoring import StreamMonitor
 
 __all__ = ["QlintLightningCallback", "QlintTrainerCallback"]
 

@@ -32,7 +32,7 @@ FLOORS = {
     "qlint.probe": 4,
     "qlint.remedies": 4,
     "qlint.api": 5,
-    "qlint.monitor": 5,  # the probe's velocity measured during training
+    "qlint.monitoring": 5,  # the probe's velocity measured during training
     "qlint.monitor_callbacks": 5,  # its Hugging Face Trainer and Lightning adapters
     "qlint.verify": 6,
     "qlint.cli": 7,

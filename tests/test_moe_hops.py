@@ -15,7 +15,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from qlint.analysis import Options, run
-from qlint.registry import default, entries, op_name
+from qlint.registry import default, entries, qualified_op_name
 from conftest import ROOT, fixture_spec
 from qlint.loader import load
 
@@ -52,7 +52,7 @@ def test_torchs_grouped_mm_kernel_leaves_rows_unwritten_and_is_not_bounded(facto
     loaded = load(fixture_spec(f"moe.py:{factory}"))
     analysis = run(loaded.model, loaded.inputs, spec=factory, options=Options(tracer=tracer))
     if tracer == "export":
-        assert any(op_name(n.target) == "aten::_grouped_mm" for n in analysis.traced.graph.nodes)
+        assert any(qualified_op_name(n.target) == "aten::_grouped_mm" for n in analysis.traced.graph.nodes)
     assert verdict(analysis.report) == [("GroupedMoE", None, "uncertified")]
     assert reasons(analysis.report) == [f"block `GroupedMoE` is uncertified: `{op}` has no polynomial bound (rows past offs[-1] are unwritten memory)"]
 

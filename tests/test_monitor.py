@@ -15,7 +15,7 @@ from torch import nn
 
 import qlint
 from conftest import ROOT
-from qlint.monitor import MonitorError, StreamMonitor, overflow_depth
+from qlint.monitoring import MonitorError, StreamMonitor, overflow_depth
 
 
 class Scaled(nn.Module):

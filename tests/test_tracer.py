@@ -359,12 +359,12 @@ def test_every_tracer_shares_the_models_parameters(tracer):
     import torch
     from torch import nn
 
-    from qlint.core.trace import _shares_parameters, capture
+    from qlint.core.trace import shares_parameters, capture
 
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(8, 8), nn.LayerNorm(8))
     traced = capture(model, (torch.randn(2, 8),), prefer=tracer)
-    assert traced.tracer == tracer and _shares_parameters(traced.module, model)
+    assert traced.tracer == tracer and shares_parameters(traced.module, model)
     assert "with redrawn parameters" in traced.graph_check
 
 

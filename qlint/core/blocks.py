@@ -33,6 +33,7 @@ from typing import Literal, Optional
 import torch.fx as fx
 
 from qlint.core.graph import GraphFacts, facts, module_path, module_stack, shape_of
+from qlint.core.ops import op_name
 from qlint.core.relations import Normalisation, strip
 
 Form = Literal["additive", "scaled"]
@@ -138,8 +139,6 @@ def join_terms(node: fx.Node, graph: GraphFacts) -> Optional[list[Term]]:
 def _stack_sum(node: fx.Node, graph: GraphFacts) -> Optional[list[Term]]:
     """``torch.stack([a, b, ...]).sum(0)`` = a + b + ...: terms without a zeroable slot (the
     join is then analysed in the scaled form)."""
-    from qlint.core.ops import op_name
-
     if facts(node).op != "sum" or _arg(node, "keepdim", False):
         return None
     stack = _arg(node, "input")
@@ -193,8 +192,6 @@ def _terms(node: fx.Node, graph: GraphFacts, scale: Optional[float], path: tuple
 
 
 def _accumulates(node: fx.Node) -> bool:
-    from qlint.core.ops import op_name
-
     return op_name(node) in ("index_add", "scatter_add", "index_add_", "scatter_add_") or (
         op_name(node).startswith("index_put") and _arg(node, "accumulate", False) is True)
 
@@ -257,8 +254,6 @@ def carried(node: fx.Node) -> fx.Node:
 def _same_values(view: fx.Node, source: fx.Node) -> bool:
     """A view whose output provably equals its input: same shape, and an op that keeps the
     order of entries (reshape / view / expand / contiguous-like, or a full slice)."""
-    from qlint.core.ops import op_name
-
     shape_out, shape_in = shape_of(view), shape_of(source)
     if shape_out is None or shape_in is None or shape_out != shape_in:
         return False
@@ -356,24 +351,31 @@ def _average_of(node: fx.Node, stream: fx.Node, graph: GraphFacts) -> bool:
     """``node`` is computed from ``stream`` alone by averages (a mean, an average pool) and
     by moves of entries (views, copies, padding, concatenation of its own slices), one
     average at least: a moving or global mean of X_k."""
-    from qlint.core.ops import op_name
+    return _derived(node, {stream}, graph, linear=False) == "averaged"
 
+
+def _derived(node: fx.Node, sources: set[fx.Node], graph: GraphFacts, *, linear: bool) -> str:
+    """How ``node`` is computed from ``sources`` alone: ``"averaged"`` (through an average at
+    least once), ``"moved"`` (moves of entries only), or ``""`` (anything else: a weight layer,
+    a product of two signals, a model input). ``linear`` also admits sums, differences and
+    scales by an input-independent factor, and then follows input-dependent arguments only."""
     averaged, stack, seen = False, [node], set()
     while stack:
         current = stack.pop()
-        if current is stream or current in seen:
+        if current in sources or current in seen:
             continue
         seen.add(current)
         info = facts(current)
         if op_name(current) in _AVERAGES:
             averaged = True
-        elif not (info.plumbing or "concat" in info.family or info.op == "pad"):
-            return False
-        parents = graph.parents.get(current, ())
+        elif not (info.plumbing or "concat" in info.family or info.op == "pad"
+                  or (linear and (info.op in ("add", "sub", "neg") or _constant_scale(current, graph)))):
+            return ""
+        parents = [p for p in graph.parents.get(current, ()) if not linear or p in graph.data]
         if not parents:
-            return False  # a model input: the value is not X_k's alone
+            return ""  # a model input: the value is not the sources' alone
         stack.extend(parents)
-    return averaged
+    return "averaged" if averaged else "moved"
 
 
 def _gated(join: fx.Node, terms: list[Term], graph: GraphFacts) -> Optional[Block]:
@@ -425,28 +427,7 @@ def _readout(block: Block, top: list[Block], graph: GraphFacts) -> bool:
     if not inner:
         return False
     read = {o.join for o in inner} | {o.stream for o in inner} | {block.stream}
-    return all(_linear_readout(t.node, read, graph) for t in block.terms)
-
-
-def _linear_readout(node: fx.Node, read: set[fx.Node], graph: GraphFacts) -> bool:
-    """``node`` is computed from the values in ``read`` by linear maps without weights:
-    averages, sums and differences, scales by an input-independent factor, moves of entries."""
-    from qlint.core.ops import op_name
-
-    stack, seen = [node], set()
-    while stack:
-        current = stack.pop()
-        if current in read or current in seen:
-            continue
-        seen.add(current)
-        info = facts(current)
-        parents = [p for p in graph.parents.get(current, ()) if p in graph.data]
-        linear = (op_name(current) in _AVERAGES or info.plumbing or "concat" in info.family or info.op == "pad"
-                  or info.op in ("add", "sub", "neg") or _constant_scale(current, graph))
-        if not linear or not parents:
-            return False  # a weight layer, a product of two signals, a model input
-        stack.extend(parents)
-    return True
+    return all(_derived(t.node, read, graph, linear=True) for t in block.terms)
 
 
 def _constant_scale(node: fx.Node, graph: GraphFacts) -> bool:

@@ -55,8 +55,8 @@ def _inline_once(module: fx.GraphModule) -> bool:
     changed = False
     for node in list(module.graph.nodes):
         name = hop_name(node)
-        if not _items_only(node):
-            continue  # its output tuple is used whole: it stays one (unknown) node
+        if (name not in _CALLS and name != "cond") or not _items_only(node):
+            continue  # not one of these, or its output tuple is used whole: it stays one (unknown) node
         if name == "cond":
             pred, true_body, false_body, operands = node.args[:4]
             taken = _inline(module, node, true_body, operands)

@@ -61,6 +61,7 @@ class GrowthProp(fx.Interpreter):
         self.assume_real = assume_real  # inputs without a recorded dtype are taken as real (said in the report)
         self.trainable = trainable  # attributes aliasing a tensor the model trains, whatever the graph's copy says
         self._fixed_nodes: Optional[frozenset[fx.Node]] = None
+        self._exact_values: dict[fx.Node, Optional[Growth]] = {}
 
     def is_trainable(self, target: str, value: torch.Tensor) -> bool:
         """A tensor an optimizer given the model trains: requires_grad, on the graph's copy or on the model's."""
@@ -115,12 +116,21 @@ class GrowthProp(fx.Interpreter):
             if not dependent:
                 return CONSTANT
             return unknown(f"unknown op `{info.label}`")
+        exact = self._exact(n)  # its exact range: a safe divisor, a finite log
+        if exact is not None:
+            return exact
         value = apply(n, info, self.env, self.training)
         if info.relation is not None:
             value = self._relation(info.relation, value)
-        if isinstance(value, Growth) and n in self._fixed():
-            value = _by_value(self.graph_facts.constant(n)) or value  # its exact range: a safe divisor, a finite log
         return value
+
+    def _exact(self, n: fx.Node) -> Optional[Growth]:
+        """A fixed node's value bounded by its evaluated entries (once per node), or None."""
+        if n not in self._fixed():
+            return None
+        if n not in self._exact_values:
+            self._exact_values[n] = _by_value(self.graph_facts.constant(n))
+        return self._exact_values[n]
 
     def _fixed(self) -> frozenset[fx.Node]:
         """Nodes computed from shapes and literals alone: no input, no parameter or buffer, no

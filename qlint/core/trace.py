@@ -571,7 +571,7 @@ def compare_with_eager(model: torch.nn.Module, module: fx.GraphModule, inputs: O
             for scale in SCALES if floats else ():
                 scaled = tuple(x * scale if isinstance(x, torch.Tensor) and x.is_floating_point() else x for x in inputs)
                 _compare_again(module, model, scaled, f"on the inputs scaled by {scale:g}", scaled=True)
-            if not _shares_parameters(module, model):  # redrawing the model's would not redraw the graph's
+            if not shares_parameters(module, model):  # redrawing the model's would not redraw the graph's
                 raise GraphMismatch("the graph holds its own copy of the parameters: it cannot be checked with redrawn ones")
             for redraw in _redraws(model, saved):  # each redraw overwrites every float parameter
                 _compare_again(module, model, inputs, f"with the parameters {redraw}")
@@ -649,7 +649,7 @@ def _restore(model: torch.nn.Module, saved: dict[str, torch.Tensor], *, buffers_
             tensor.copy_(saved[name])
 
 
-def _shares_parameters(module: fx.GraphModule, model: torch.nn.Module) -> bool:
+def shares_parameters(module: fx.GraphModule, model: torch.nn.Module) -> bool:
     """Whether every parameter of the graph is a parameter of the model (same storage), so that
     redrawing the model's redraws the graph's (symbolic_trace, export and make_fx all share)."""
     owned = {p.untyped_storage().data_ptr() for p in model.parameters()}

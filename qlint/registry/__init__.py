@@ -190,7 +190,7 @@ class Registry:
     def lookup(self, op: str, target: Any) -> Optional[Primitive]:
         """The primitive for a node's (op, target), or None when it is unknown."""
         if op == "call_function":
-            name = op_name(target)
+            name = qualified_op_name(target)
             try:
                 return self._by_key.get(("op", name) if name else ("function", target))
             except TypeError:
@@ -214,7 +214,7 @@ class Registry:
         return self._by_key.keys()
 
 
-def op_name(target: Any) -> Optional[str]:
+def qualified_op_name(target: Any) -> Optional[str]:
     """``"aten::add"`` for a dispatcher op (an overload or its packet), else None."""
     packet = getattr(target, "overloadpacket", target)
     name = getattr(packet, "_qualified_op_name", None)
@@ -391,4 +391,4 @@ def _range(value: Any) -> Any:
     return value
 
 
-__all__ = ["Declared", "Primitive", "Registry", "default", "declared_of", "entries", "op_name", "register", "resolve", "rules_dir", "spellings"]
+__all__ = ["Declared", "Primitive", "Registry", "default", "declared_of", "entries", "qualified_op_name", "register", "resolve", "rules_dir", "spellings"]

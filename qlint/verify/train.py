@@ -227,7 +227,7 @@ def evaluate(model, series, seq_len: int, horizon: int, max_windows: int, batch:
              monitor=None, step: int = 0) -> float:
     """Mean squared error over the split's windows (evenly subsampled to ``max_windows``).
 
-    With ``monitor`` (a :class:`qlint.monitor.StreamMonitor`) it first records, at ``step``,
+    With ``monitor`` (a :class:`qlint.monitoring.StreamMonitor`) it first records, at ``step``,
     each block's largest stream norm and gains on the fixed batch of TELEMETRY_WINDOWS windows.
     """
     import torch
@@ -262,7 +262,7 @@ def train_run(cfg: RunConfig) -> dict[str, Any]:
     """Train one model and return its record (without ``q``: the grid adds it)."""
     import torch
 
-    from qlint.monitor import StreamMonitor
+    from qlint.monitoring import StreamMonitor
     from qlint.verify.data import batch_windows, load_dataset
 
     if cfg.threads:

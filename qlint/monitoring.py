@@ -1,4 +1,4 @@
-"""``qlint.monitor``: the residual stream's growth measured during a user's own training.
+"""``qlint.monitor`` (this module is ``qlint.monitoring``, so the function keeps the name): the residual stream's growth measured during a user's own training.
 
 The static verdict says whether ``||v(x)|| <= c||x||^q + b`` holds with q <= 1; this
 module watches what training does with c. On a fixed batch it records, per residual
@@ -23,8 +23,6 @@ they are now. Nothing is attached to the model: measuring runs the traced graph.
 from __future__ import annotations
 
 import math
-import sys
-import types
 import warnings
 from typing import Any, Callable, Optional, Sequence
 
@@ -33,7 +31,7 @@ import torch
 from qlint.analysis import Options, run
 from qlint.core.blocks import Block as ResidualBlock
 from qlint.core.errors import QlintError
-from qlint.core.trace import TraceFailure, _shares_parameters
+from qlint.core.trace import TraceFailure, shares_parameters
 from qlint.probe import bounds as probe_bounds
 from qlint.probe.measure import Trajectory, VelocityField
 
@@ -155,7 +153,7 @@ class StreamMonitor:
             module = analysis.traced.module
             if not analysis.stream.blocks:
                 raise MonitorError(f"qlint found no residual blocks in {name}: nothing to monitor")
-            if not _shares_parameters(module, self.model):
+            if not shares_parameters(module, self.model):
                 raise MonitorError(f"the traced graph of {name} holds copies of its parameters, so it would not see training: "
                                    f"tracer {analysis.traced.tracer}")
             self._graphs[key] = (module, list(analysis.stream.blocks))
@@ -259,14 +257,3 @@ def monitor(model: torch.nn.Module, example_inputs: Any = None, *, every: int = 
     ``records``. Raises :class:`MonitorError` when qlint cannot find the blocks.
     """
     return StreamMonitor(model, example_inputs, every=every, scales=scales, dtype=dtype, log=log)
-
-
-class _CallableModule(types.ModuleType):
-    """Importing this module binds it to ``qlint.monitor``, the name of the function too:
-    calling the module calls :func:`monitor`, so ``qlint.monitor(model)`` works either way."""
-
-    def __call__(self, *args: Any, **kwargs: Any) -> StreamMonitor:
-        return monitor(*args, **kwargs)
-
-
-sys.modules[__name__].__class__ = _CallableModule
