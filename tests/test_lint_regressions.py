@@ -242,3 +242,39 @@ def test_a_linear_readout_of_inner_blocks_is_not_a_block(tracer):
     torch.manual_seed(0)
     report = run(_ReadsInner(lambda b: b), (torch.randn(4, 8),), spec="m", options=Options(tracer=tracer)).report
     assert [(b.q, b.status) for b in report.blocks] == [(1.0, "ok"), (1.0, "ok")]
+
+
+# --- a join of averages of X_k is not a block; anything more than averages is -------------------------
+
+
+class _Averaged(nn.Module):
+    """x + g(avg(x)), avg a moving average over the last dim (edges kept by padding)."""
+
+    def __init__(self, g):
+        super().__init__()
+        self.g = g
+
+    def forward(self, x):
+        average = torch.nn.functional.avg_pool1d(torch.nn.functional.pad(x, (1, 1), mode="replicate"), 3, stride=1)
+        return self.g(x, average)
+
+
+@pytest.mark.parametrize("tracer", ["symbolic_trace", "export"])
+@pytest.mark.parametrize("g, q", [(lambda x, a: x + a ** 3, 3.0), (lambda x, a: x + a * a, 2.0),
+                                  (lambda x, a: x + torch.cumsum(x, -1) ** 2, 2.0)])
+def test_a_power_or_product_of_an_average_stays_a_block(g, q, tracer):
+    from qlint.analysis import Options, run
+
+    report = run(_Averaged(g), (torch.randn(2, 4, 8),), spec="m", options=Options(tracer=tracer)).report
+    assert [(b.q, b.status) for b in report.blocks] == [(q, "supercritical")]
+
+
+@pytest.mark.parametrize("tracer", ["symbolic_trace", "export"])
+def test_a_series_decomposition_alone_is_not_a_block_and_is_reported_uncovered(tracer):
+    """x - avg(x) is not an update; a model that is nothing else has no block, and the stream no block
+    covers is QL106 (uncertified), never certified."""
+    from qlint.analysis import Options, run
+
+    report = run(_Averaged(lambda x, a: x - a), (torch.randn(2, 4, 8),), spec="m", options=Options(tracer=tracer)).report
+    assert report.blocks == [] and report.verdict == "uncertified"
+    assert [f.code for f in report.findings] == ["QL106"]
