@@ -279,7 +279,8 @@ def test_the_verify_harness_stores_telemetry_at_every_validation():
     cfg = RunConfig("mamba", "free", "synthetic", "synthetic:600:3:0", horizon=8, depth=2, seed=0, steps=4, batch_size=4,
                     d_model=8, seq_len=16, eval_every=2, max_eval_windows=8)
     row = train_run(cfg)
-    # the periodic evaluation at step 2, and the final validation at step 4 (the test split is not measured)
-    assert [(r["step"], r["block"]) for r in row["telemetry"]] == [(2, "layers.0"), (2, "layers.1"), (4, "layers.0"), (4, "layers.1")]
+    # at initialisation, the periodic evaluation at step 2, and the final validation at step 4
+    # (the test split is not measured)
+    assert [(r["step"], r["block"]) for r in row["telemetry"]] == [(s, b) for s in (0, 2, 4) for b in ("layers.0", "layers.1")]
     assert all(r["stream_norm"] > 0 and set(r["gain"]) == {"1", "4"} for r in row["telemetry"])
     json.dumps(row, allow_nan=False)

@@ -229,7 +229,7 @@ def test_resume_refuses_runs_of_another_protocol(tmp_path):
     from qlint.zoo.mamba import MambaMixer
 
     assert G.MAMBA_D_STATE == inspect.signature(MambaMixer).parameters["d_state"].default
-    shutil.copy(REPO / "results" / "etth1-small" / "runs.jsonl", tmp_path / "runs.jsonl")
+    shutil.copy(REPO / "results" / "etth1-small-v1" / "runs.jsonl", tmp_path / "runs.jsonl")
     quiet = {"progress": False, "log": lambda m: None, "run_fn": _must_not_run}
     # the old grid (no d_state / revin / loss / amp in its records) is exactly small-v1: all 72 done
     assert G.run_grid(G.build_grid(G.SCALES["small-v1"], ["/x/ETTh1.csv"]), tmp_path, **quiet) == []
@@ -365,10 +365,10 @@ def test_table2_layout(tmp_path):
 
 
 def test_tables_render_old_runs_without_both_counts(tmp_path):
-    """results/etth1-small predates blew_up_final / blew_up_any: its table still renders."""
+    """results/etth1-small-v1 predates blew_up_final / blew_up_any: its table still renders."""
     import shutil
 
-    src = REPO / "results" / "etth1-small" / "runs.jsonl"
+    src = REPO / "results" / "etth1-small-v1" / "runs.jsonl"
     old = G.read_runs(src)
     assert len(old) == 72 and not any("blew_up_final" in r or "blew_up_any" in r for r in old)
     shutil.copy(src, tmp_path / "runs.jsonl")
@@ -511,10 +511,10 @@ def test_presets_keep_their_values():
 
     assert SCALE_NAMES == tuple(G.SCALES)
     small, v1 = G.SCALES["small"], G.SCALES["small-v1"]
-    # issue 15's regime: d_model 16, batch 16, Adam lr 1e-2 constant, 300 steps, H {96, 192}, L {3, 8}, 3 seeds
-    assert (small.lr, small.d_model, small.batch_size, small.steps) == (1e-2, {"mamba": 16, "patchtst": 16}, 16, 300)
+    # issue 15 regime: d_model 16, batch 16, Adam lr 1e-2 constant, 600 steps, H {96, 192}, L {3, 8}, 3 seeds
+    assert (small.lr, small.d_model, small.batch_size, small.steps) == (1e-2, {"mamba": 16, "patchtst": 16}, 16, 600)
     assert (small.horizons, small.depths, small.seeds) == ((96, 192), (3, 8), (0, 1, 2))
-    # the first small grid (results/etth1-small) stays reachable with its settings
+    # the first small grid (results/etth1-small-v1) stays reachable with its settings
     assert (v1.lr, v1.d_model, v1.batch_size, v1.steps) == (1e-3, {"mamba": 16, "patchtst": 16}, 16, 200)
     assert (v1.horizons, v1.depths, v1.seeds, v1.eval_every, v1.max_eval_windows) == ((96, 192), (3, 8), (0, 1), 100, 384)
     runs = G.build_grid(v1, ["/x/ETTh1.csv"])
@@ -634,6 +634,44 @@ def test_write_figures_skips_a_figure_of_two_variants(tmp_path):
     assert not (tmp_path / "figure3_mamba.png").exists()
     assert logged == ["skipped figure3_mamba.png: 2 Mamba variant(s) (free, rmsnorm); with fewer than 3 "
                       "the per-cell median says nothing"]
+
+
+def _telemetry(steps, norm, gain1, gain4, blocks=("layers.0", "layers.1")):
+    return [{"step": s, "block": b, "stream_norm": norm(s, k), "gain": {"1": gain1(s, k), "4": gain4(s, k)}}
+            for s in steps for k, b in enumerate(blocks)]
+
+
+def test_stream_figure_draws_the_deepest_blown_run_beside_its_controls(tmp_path):
+    pytest.importorskip("matplotlib")
+    from qlint.verify.figures import _telemetry_series, figure_stream
+
+    steps = (0, 100, 200)
+    def blown(depth, seed, stopped):
+        r = _rec("mamba", "free", 5.0, "ETTh1", 96, depth, seed, True)
+        r["steps"] = stopped
+        r["telemetry"] = _telemetry(steps, lambda s, k: 40.0 + s * (k + 1), lambda s, k: 0.2, lambda s, k: 0.4 + s)
+        return r
+    def control(variant, q, depth, seed):
+        r = _rec("mamba", variant, q, "ETTh1", 96, depth, seed, False)
+        r["telemetry"] = _telemetry(steps, lambda s, k: 40.0, lambda s, k: 0.3, lambda s, k: 0.1)
+        return r
+    runs = [blown(3, 0, 250), control("rmsnorm", 0.0, 3, 0),
+            blown(8, 1, 150), control("rmsnorm", 0.0, 8, 1), control("linear", 1.0, 8, 1),
+            control("preln", 0.0, 8, 2),            # another seed: not a control of seed 1
+            _rec("mamba", "rmsnorm", 0.0, "ETTh1", 96, 8, 1, False) | {"horizon": 192},  # another cell
+            blown(8, 3, 150)]                         # as deep and as long, but no control in its cell
+    fig = figure_stream(runs, tmp_path / "s.png")
+    assert (tmp_path / "s.png").stat().st_size > 10_000
+    assert fig.run == ("mamba", "free", "ETTh1", 96, 8, 1) and fig.controls == ["rmsnorm", "linear"]
+    assert fig.blew_up_at == 150
+    # each panel's series: the largest over the blocks at each step, non-finite values left out
+    assert _telemetry_series(runs[2], lambda r: r["stream_norm"]) == ([0, 100, 200], [40.0, 240.0, 440.0])
+    runs[2]["telemetry"][-1]["gain"]["4"] = None
+    runs[2]["telemetry"][-2]["gain"]["4"] = float("inf")
+    assert _telemetry_series(runs[2], lambda r: r["gain"]["4"]) == ([0, 100], [0.4, 100.4])
+    # no blown-up run with a control: no figure
+    assert figure_stream([r for r in runs if not r["blew_up_final"] or r["depth"] == 8 and r["seed"] == 3],
+                         tmp_path / "none.png") is None
 
 
 def test_figures_name_the_verify_extra_when_matplotlib_is_missing(monkeypatch):

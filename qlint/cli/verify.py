@@ -47,7 +47,7 @@ def command() -> None:
 
 @command.command("grid")
 @click.option("--scale", type=click.Choice(SCALE_NAMES), default="small", show_default=True,
-              help="smoke: synthetic, seconds (CI); small: ETTh1 on a CPU, lr 1e-2, 300 steps, 3 seeds; "
+              help="smoke: synthetic, seconds (CI); small: ETTh1 on a CPU, lr 1e-2, 600 steps, 3 seeds; "
                    "small-v1: the first small grid (lr 1e-3, 200 steps, 2 seeds); paper: ETTm1 + Weather, GPU.")
 @click.option("--data", "data", multiple=True, type=click.Path(dir_okay=False),
               help="Data CSV (repeatable; ETTh*/ETTm*/other from the file name). Default: the scale's, "

@@ -1,4 +1,5 @@
-"""Figure 1 (r_{k+1} = r_k + c r_k^q overflow) and Figures 3/4 (per-cell MSE deviation).
+"""Figure 1 (r_{k+1} = r_k + c r_k^q overflow), Figures 3/4 (per-cell MSE deviation) and the
+stream telemetry of a blown-up run beside its controls.
 
 matplotlib comes with the ``verify`` extra (:data:`INSTALL_HINT`); :func:`overflow_depth`
 needs only the standard library.
@@ -258,12 +259,107 @@ def figure_mse(
     return summary
 
 
+STREAM_FIGURE = "figure_stream.png"
+
+
+@dataclass
+class StreamFigure:
+    """What the stream figure drew: the blown-up run's key and its controls' variants."""
+
+    path: Path
+    run: tuple  # run_key of the blown-up run
+    controls: list[str]
+    blew_up_at: int  # the step training stopped at (or the run's last step)
+
+
+def _telemetry_series(run: dict[str, Any], value: Callable[[dict], Optional[float]]) -> tuple[list[int], list[float]]:
+    """(steps, the largest finite value over the blocks at each measured step)."""
+    by_step: dict[int, list[float]] = {}
+    for record in run.get("telemetry") or ():
+        v = value(record)
+        if v is not None and v == v and v != float("inf"):
+            by_step.setdefault(record["step"], []).append(v)
+    steps = sorted(by_step)
+    return steps, [max(by_step[s]) for s in steps]
+
+
+def _stream_subject(runs: list[dict[str, Any]]) -> Optional[tuple[dict[str, Any], list[dict[str, Any]]]]:
+    """The blown-up run (paper's rule) with the longest telemetry, deepest first, then canonical
+    order; and its controls: the runs of the same backbone and cell (data set, horizon, depth,
+    seed) with q <= 1 that did not blow up."""
+    from qlint.verify.tables import blew_up_final
+
+    def measured_steps(run):
+        return len({r["step"] for r in run.get("telemetry") or ()})
+
+    def cell(run):
+        return (run["backbone"], run["dataset"], run["horizon"], run["depth"], run["seed"])
+
+    candidates = []
+    for run in runs:
+        if not blew_up_final(run) or measured_steps(run) < 2:
+            continue
+        controls = [c for c in runs if cell(c) == cell(run) and c.get("q") is not None and c["q"] <= 1
+                    and blew_up_final(c) is False and measured_steps(c) >= 2]
+        if controls:
+            candidates.append((run, controls))
+    if not candidates:
+        return None
+    return max(candidates, key=lambda rc: (rc[0]["depth"], measured_steps(rc[0]), -runs.index(rc[0])))
+
+
+def figure_stream(runs: Iterable[dict[str, Any]], path: str | Path) -> Optional[StreamFigure]:
+    """Item 3 of the verify harness: a blown-up run's stream telemetry beside its q <= 1
+    controls in the same cell. Three panels over the training steps, each the largest value
+    over the blocks: the stream norm max ||X_k|| on the fixed batch, and the gains
+    ||v(sX_k)|| / ||sX_k|| at s = 1 and s = 4 (log axes); a dashed line where the blown-up
+    run stopped. None when no blown-up run with recorded telemetry has a control."""
+    from qlint.core.algebra import format_q
+    from qlint.verify.tables import BACKBONE_NAMES, VARIANT_NAMES, latest
+    from qlint.verify.train import run_key
+
+    runs = latest(runs)
+    subject = _stream_subject(runs)
+    if subject is None:
+        return None
+    run, controls = subject
+    plt = _pyplot()
+    panels = (("max$_k$ $\\|X_k\\|$ (fixed batch)", lambda r: r["stream_norm"]),
+              ("max$_k$ gain at s = 1", lambda r: r["gain"].get("1")),
+              ("max$_k$ gain at s = 4", lambda r: r["gain"].get("4")))
+    fig, axes = plt.subplots(1, len(panels), figsize=(13.0, 3.8))
+    for ax, (title, value) in zip(axes, panels):
+        for r in [run, *controls]:
+            steps, ys = _telemetry_series(r, value)
+            label = f"{VARIANT_NAMES.get(r['variant'], r['variant'])}, q={format_q(r['q'])}"
+            blown = r is run
+            ax.plot(steps, ys, "-o" if blown else "-", color=COLORS.get(r["variant"], "black"), lw=2 if blown else 1.2,
+                    ms=4, label=label + (" (blew up)" if blown else ""))
+        ax.axvline(run["steps"], color="tab:red", ls="--", lw=1)
+        ax.set_yscale("log")
+        ax.set_xlabel("training step")
+        ax.set_title(title, fontsize=9)
+        ax.grid(True, which="major", alpha=0.3)
+    axes[0].annotate(f"stopped at step {run['steps']}", (run["steps"], 0.02), xycoords=("data", "axes fraction"),
+                     xytext=(-4, 0), textcoords="offset points", ha="right", fontsize=7, color="tab:red")
+    axes[-1].legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0))
+    fig.suptitle(f"{BACKBONE_NAMES.get(run['backbone'], run['backbone'])} on {run['dataset']} H{run['horizon']}, "
+                 f"L={run['depth']}, seed {run['seed']}: the blown-up run ({run.get('blowup_reason') or 'blew up'}) "
+                 "beside its q <= 1 controls", fontsize=9)
+    fig.tight_layout()
+    fig.savefig(path, dpi=130)
+    plt.close(fig)
+    return StreamFigure(Path(path), run_key(run), [c["variant"] for c in controls], run["steps"])
+
+
 def write_figures(out_dir: str | Path, log: Callable[[str], None] = _stderr) -> list[Path]:
-    """``figure3_mamba.png`` and ``figure4_patchtst.png`` from ``out_dir/runs.jsonl``
-    (each only where its backbone has at least :data:`MIN_VARIANTS` variants)."""
+    """``figure3_mamba.png`` and ``figure4_patchtst.png`` from ``out_dir/runs.jsonl`` (each only
+    where its backbone has at least :data:`MIN_VARIANTS` variants), and :data:`STREAM_FIGURE`
+    where a blown-up run has telemetry and a control."""
     from qlint.verify.grid import read_runs
 
     out_dir = Path(out_dir)
     runs = read_runs(out_dir / "runs.jsonl")
-    drawn = (figure_mse(runs, backbone, out_dir / name, log=log) for backbone, name in FIGURES)
+    drawn = [figure_mse(runs, backbone, out_dir / name, log=log) for backbone, name in FIGURES]
+    drawn.append(figure_stream(runs, out_dir / STREAM_FIGURE))
     return [f.path for f in drawn if f is not None]

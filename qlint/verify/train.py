@@ -223,27 +223,37 @@ TELEMETRY_WINDOWS = 32
 """The fixed batch of the stream telemetry: this many of the evaluated windows, evenly spread."""
 
 
-def evaluate(model, series, seq_len: int, horizon: int, max_windows: int, batch: int, amp: str,
-             monitor=None, step: int = 0) -> float:
-    """Mean squared error over the split's windows (evenly subsampled to ``max_windows``).
-
-    With ``monitor`` (a :class:`qlint.monitoring.StreamMonitor`) it first records, at ``step``,
-    each block's largest stream norm and gains on the fixed batch of TELEMETRY_WINDOWS windows.
-    """
-    import torch
-
-    from qlint.verify.data import batch_windows
-
+def _eval_starts(series, seq_len: int, horizon: int, max_windows: int):
+    """The split's window starts, evenly subsampled to ``max_windows`` (0: all of them)."""
     n = len(series) - seq_len - horizon + 1
     if n <= 0:
         raise ValueError(f"split too short for seq_len={seq_len}, horizon={horizon}")
     if max_windows and n > max_windows:
-        starts = np.unique(np.linspace(0, n - 1, max_windows).round().astype(np.int64))
-    else:
-        starts = np.arange(n)
+        return np.unique(np.linspace(0, n - 1, max_windows).round().astype(np.int64))
+    return np.arange(n)
+
+
+def measure_stream(monitor, series, seq_len: int, horizon: int, max_windows: int, step: int) -> None:
+    """Record, at ``step``, each block's largest stream norm and gains on the fixed batch:
+    TELEMETRY_WINDOWS of the evaluated windows, evenly spread (the same ones every time)."""
+    from qlint.verify.data import batch_windows
+
+    starts = _eval_starts(series, seq_len, horizon, max_windows)
+    fixed = starts[np.unique(np.linspace(0, len(starts) - 1, TELEMETRY_WINDOWS).round().astype(np.int64))]
+    monitor.measure(batch_windows(series, fixed, seq_len, horizon)[0], step=step)
+
+
+def evaluate(model, series, seq_len: int, horizon: int, max_windows: int, batch: int, amp: str,
+             monitor=None, step: int = 0) -> float:
+    """Mean squared error over the split's windows (evenly subsampled to ``max_windows``);
+    with ``monitor`` (a :class:`qlint.monitoring.StreamMonitor`) first :func:`measure_stream`."""
+    import torch
+
+    from qlint.verify.data import batch_windows
+
+    starts = _eval_starts(series, seq_len, horizon, max_windows)
     if monitor is not None:
-        fixed = starts[np.unique(np.linspace(0, len(starts) - 1, TELEMETRY_WINDOWS).round().astype(np.int64))]
-        monitor.measure(batch_windows(series, fixed, seq_len, horizon)[0], step=step)
+        measure_stream(monitor, series, seq_len, horizon, max_windows, step)
     total, count = 0.0, 0
     model.eval()
     with torch.no_grad():
@@ -298,6 +308,8 @@ def train_run(cfg: RunConfig) -> dict[str, Any]:
     nonfinite_train_losses = 0
     steps_done = 0
     stopped = ""
+    if cfg.eval_every:  # the gains at initialisation: what training starts from
+        measure_stream(monitor, val, cfg.seq_len, cfg.horizon, cfg.max_eval_windows, step=0)
     model.train()
     for step in range(cfg.steps):
         starts = torch.randint(n_train, (cfg.batch_size,), generator=gen)
