@@ -72,3 +72,24 @@ def test_the_probe_measures_q_5_through_the_chunked_scan():
                              ProbeSettings(random_directions=2, perturb=False))
     assert block.q_measured == pytest.approx(5.0, abs=0.05)
     assert block.agrees and block.agreement == "exact"
+
+
+def test_the_grid_trains_mamba_through_the_chunked_scan_on_cuda(monkeypatch):
+    pytest.importorskip("numpy")
+    from dataclasses import replace
+
+    from qlint.verify import grid as G
+    from qlint.verify.train import resolve_scan, train_run
+
+    assert resolve_scan("auto", "cpu") == "loop" and resolve_scan("chunked", "cpu") == "chunked"
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    assert resolve_scan("auto", "auto") == "chunked" and resolve_scan("auto", "cuda") == "chunked"
+    monkeypatch.undo()
+    (cfg,) = G.build_grid(G.SCALES["smoke"], ["synthetic:1200:7:0"], backbones=["mamba"], variants=["free"],
+                          depths=[3], scan="chunked", steps=3)
+    assert cfg.scan == "chunked" and G.lint_key(vars(cfg)) == "mamba/free/L3/d8/s8/chunked"
+    assert G.lint_key(vars(replace(cfg, scan="loop"))) == "mamba/free/L3/d8/s8"  # the key of every earlier run
+    chunked, loop = train_run(cfg), train_run(replace(cfg, scan="loop"))
+    assert chunked["scan"] == "chunked" and loop["scan"] == "loop"
+    assert chunked["val_mse"] == pytest.approx(loop["val_mse"], rel=1e-4)
+    assert [r["gain"]["4"] for r in chunked["telemetry"]] == pytest.approx([r["gain"]["4"] for r in loop["telemetry"]], rel=1e-3)

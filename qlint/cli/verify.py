@@ -65,6 +65,9 @@ def command() -> None:
 @click.option("--amp", type=click.Choice(("fp32", "fp16", "bf16")), default=None,
               help="fp16: autocast fp16 with a GradScaler (overflows at 65504); bf16: autocast bf16. Default: fp32.")
 @click.option("--bf16", is_flag=True, help="Same as --amp bf16.")
+@click.option("--scan", type=click.Choice(("auto", "loop", "chunked")), default="auto", show_default=True,
+              help="Mamba's recurrence: the Python loop over time, or the chunked prefix scan (same numbers "
+                   "within float rounding); auto: chunked on cuda, loop on cpu.")
 @click.option("--shard", default=None, metavar="k/n", help="Run only run i with i % n == k-1 of the grid.")
 @click.option("--backend", type=click.Choice(("local", "ray")), default="local", show_default=True,
               help="local: this process or a process pool (--workers); ray: one Ray task per run "
@@ -89,7 +92,7 @@ def command() -> None:
 @click.option("--seeds", "n_seeds", type=int, default=None, help="Override the number of seeds (0..N-1).")
 @click.option("--no-progress", is_flag=True, help="Plain log lines instead of a progress bar.")
 @click.option("--no-figures", is_flag=True, help="Skip the PNG figures.")
-def grid(scale, data, out, device, lr, d_model, batch_size, steps, d_state, revin, loss, amp, bf16, shard,
+def grid(scale, data, out, device, lr, d_model, batch_size, steps, d_state, revin, loss, amp, bf16, scan, shard,
          backend, address, gpus_per_run, max_retries, workers, threads, backbones, variants, horizons, depths,
          n_seeds, no_progress, no_figures):
     """Train the grid (resumable: finished runs in OUT/runs.jsonl are skipped), then write
@@ -132,7 +135,8 @@ def grid(scale, data, out, device, lr, d_model, batch_size, steps, d_state, revi
     out = Path(out or Path("results") / scale)
     configs = G.build_grid(sc, paths, device=device, backbones=backbones or None, variants=variants or None,
                            horizons=horizons or None, depths=depths or None, n_seeds=n_seeds, steps=steps, lr=lr,
-                           d_model=d_model, batch_size=batch_size, d_state=d_state, revin=revin, loss=loss, amp=amp)
+                           d_model=d_model, batch_size=batch_size, d_state=d_state, revin=revin, loss=loss, amp=amp,
+                           scan=scan)
     if not configs:
         raise click.UsageError("the selection is empty")
     configs = G.shard(configs, k, n)

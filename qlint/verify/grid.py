@@ -152,12 +152,17 @@ def build_grid(
     revin: Optional[bool] = None,
     loss: Optional[str] = None,
     amp: Optional[str] = None,
+    scan: str = "auto",
 ) -> list[RunConfig]:
     """The full grid in its canonical order (seed outermost, so a partial grid covers
     every cell once before any cell twice). Each protocol knob (``steps`` ... ``amp``)
     left at None takes the scale's value; ``d_model`` applies to both backbones and
-    ``d_state`` to Mamba only."""
+    ``d_state`` to Mamba only. ``scan`` (Mamba's recurrence, see ``resolve_scan``) is not
+    a protocol knob: both forms compute the same numbers within float rounding."""
     from qlint.verify.data import dataset_name
+    from qlint.verify.train import resolve_scan
+
+    scan = resolve_scan(scan, device)
 
     def pick(override, preset):
         return preset if override is None else override
@@ -206,6 +211,7 @@ def build_grid(
                                     eval_every=scale.eval_every,
                                     max_eval_windows=scale.max_eval_windows,
                                     device=device,
+                                    scan=scan,
                                     model_kwargs=scale.model_kwargs.get(backbone, ()),
                                 )
                             )
@@ -325,6 +331,8 @@ def lint_key(run: dict[str, Any]) -> str:
         key += f"/s{run['d_state']}"
     if run.get("revin"):
         key += "/revin"
+    if run["backbone"] == "mamba" and run.get("scan", "loop") != "loop":
+        key += f"/{run['scan']}"  # another traced graph: linted on its own
     return key
 
 
