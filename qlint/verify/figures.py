@@ -312,8 +312,8 @@ def figure_stream(runs: Iterable[dict[str, Any]], path: str | Path) -> Optional[
     """Item 3 of the verify harness: a blown-up run's stream telemetry beside its q <= 1
     controls in the same cell. Three panels over the training steps, each the largest value
     over the blocks: the stream norm max ||X_k|| on the fixed batch, and the gains
-    ||v(sX_k)|| / ||sX_k|| at s = 1 and s = 4 (log axes); a dashed line where the blown-up
-    run stopped. None when no blown-up run with recorded telemetry has a control."""
+    ||v(sX_k)|| / ||sX_k|| at s = 1 and s = 4 (log axes); a dashed line at the blown-up run's
+    last step (where training stopped on non-finite parameters, or the end of its budget). None when no blown-up run with recorded telemetry has a control."""
     from qlint.core.algebra import format_q
     from qlint.verify.tables import BACKBONE_NAMES, VARIANT_NAMES, latest
     from qlint.verify.train import run_key
@@ -340,7 +340,8 @@ def figure_stream(runs: Iterable[dict[str, Any]], path: str | Path) -> Optional[
         ax.set_xlabel("training step")
         ax.set_title(title, fontsize=9)
         ax.grid(True, which="major", alpha=0.3)
-    axes[0].annotate(f"stopped at step {run['steps']}", (run["steps"], 0.02), xycoords=("data", "axes fraction"),
+    ended = "stopped" if run["steps"] < run.get("steps_budget", run["steps"]) else "trained to"
+    axes[0].annotate(f"{ended} step {run['steps']}", (run["steps"], 0.02), xycoords=("data", "axes fraction"),
                      xytext=(-4, 0), textcoords="offset points", ha="right", fontsize=7, color="tab:red")
     axes[-1].legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0))
     fig.suptitle(f"{BACKBONE_NAMES.get(run['backbone'], run['backbone'])} on {run['dataset']} H{run['horizon']}, "
