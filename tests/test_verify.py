@@ -338,12 +338,12 @@ def test_table2_layout(tmp_path):
     assert rows[2][4:] == ["0/3 (0/3)"] * 4 + ["0/12 (0/12)"]
     lines = T.summary_lines(runs)
     assert lines[0] == ("Mamba free velocity: q=5, blew up 16/24 (67%; L=3: 4/12, L=8: 12/12); "
-                        "non-finite at any evaluation 20/24 (L=3: 8/12, L=8: 12/12)")
+                        "by the stricter rule 20/24 (L=3: 8/12, L=8: 12/12)")
     checks = T.pattern_check(runs)
     assert checks[0] == ("q <= 1 variants: 0/48 runs blew up by the paper's rule (paper: 0 — holds); "
-                         "0/48 non-finite at some evaluation")
+                         "0/48 by the stricter rule")
     assert checks[1] == ("q > 1 variants: 16/24 runs blew up by the paper's rule (L=3: 4/12, L=8: 12/12); "
-                         "20/24 non-finite at some evaluation (L=3: 8/12, L=8: 12/12)")
+                         "20/24 by the stricter rule (L=3: 8/12, L=8: 12/12)")
     assert "rises with depth (L=3 -> L=8): yes" in checks[-1]
     # files
     with open(tmp_path / "runs.jsonl", "w") as fh:
@@ -377,7 +377,7 @@ def test_tables_render_old_runs_without_both_counts(tmp_path):
     assert "| PatchTST | Peri-LN | 0 | 3 | 0/2 (0/2) | 0/2 (0/2) | 0/4 (0/4) |" in md
     assert (tmp_path / "summary.txt").read_text().splitlines()[-2:] == [
         "q > 1 variants: 0/8 runs blew up by the paper's rule (L=3: 0/4, L=8: 0/4); "
-        "0/8 non-finite at some evaluation (L=3: 0/4, L=8: 0/4)",
+        "0/8 by the stricter rule (L=3: 0/4, L=8: 0/4)",
         "no supercritical run blew up at this scale: the paper's q > 1 divergence is NOT reproduced here",
     ]
     # the old harness's reasons: a stop on a non-finite training loss or a bad final val MSE decides
@@ -398,8 +398,8 @@ def test_tables_render_old_runs_without_both_counts(tmp_path):
     assert T.summary_lines(olds + [unknown])[0].startswith("Mamba free velocity: q=5, blew up n/a/4 (L=3: n/a/4); ")
     assert T.pattern_check(olds + [unknown]) == [
         "q <= 1 variants: 0/0 runs blew up by the paper's rule (paper: 0 — no runs to test it); "
-        "0/0 non-finite at some evaluation",
-        "q > 1 variants: n/a/4 runs blew up by the paper's rule (L=3: n/a/4); 4/4 non-finite at some evaluation "
+        "0/0 by the stricter rule",
+        "q > 1 variants: n/a/4 runs blew up by the paper's rule (L=3: n/a/4); 4/4 by the stricter rule "
         "(L=3: 4/4)",
     ]
 
