@@ -1,4 +1,5 @@
-"""``qlint.monitor`` (this module is ``qlint.monitoring``, so the function keeps the name): the residual stream's growth measured during a user's own training.
+"""``qlint.monitor``: the residual stream's growth measured during a user's own training
+(the module is ``qlint.monitoring``, so the function keeps the name).
 
 The static verdict says whether ``||v(x)|| <= c||x||^q + b`` holds with q <= 1; this
 module watches what training does with c. On a fixed batch it records, per residual

@@ -224,7 +224,8 @@ class _ReadsInner(nn.Module):
 
 
 @pytest.mark.parametrize("tracer", ["symbolic_trace", "export"])
-@pytest.mark.parametrize("h, q", [(lambda b: b ** 3, 3.0), (lambda b: b * b, 2.0)])
+@pytest.mark.parametrize("h, q", [(lambda b: b ** 3, 3.0), (lambda b: b * b, 2.0), (lambda b: b + b * b, 2.0),
+                                  (lambda b: 0.5 * b - b * b.mean(-1, keepdim=True), 2.0)])
 def test_a_nonlinear_outer_join_that_reads_inner_blocks_stays_a_block(h, q, tracer):
     from qlint.analysis import Options, run
 

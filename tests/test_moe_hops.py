@@ -262,19 +262,24 @@ def test_a_tensor_constant_inside_a_branch_is_read_by_value():
 
 
 class Differenced(nn.Module):
-    def __init__(self, power):
+    """x + fc(diff(x^p, prepend=x[..., :1]^p_pre, append=x[..., :1]^p_app)): every argument role
+    of diff carries its own exponent (None: no prepend / append)."""
+
+    def __init__(self, power, prepend_power=None, append_power=None):
         super().__init__()
-        self.fc, self.power = nn.Linear(8, 8), power
+        self.fc, self.powers = nn.Linear(8, 8), (power, prepend_power, append_power)
 
     def forward(self, x):
-        return x + self.fc(torch.diff(x ** self.power, dim=-1, prepend=x[..., :1] ** self.power))
+        power, prepend_power, append_power = self.powers
+        ends = {name: x[..., :1] ** p for name, p in (("prepend", prepend_power), ("append", append_power)) if p is not None}
+        return x + self.fc(torch.diff(x ** power, dim=-1, **ends))
 
 
 @pytest.mark.parametrize("tracer", ["symbolic_trace", "export"])
-@pytest.mark.parametrize("power, q", [(1, 1.0), (2, 2.0)])
-def test_diff_keeps_the_exponent_of_what_it_differences(power, q, tracer):
+@pytest.mark.parametrize("powers, q", [((1, 1), 1.0), ((2, 2), 2.0), ((1, 3), 3.0), ((1, None, 2), 2.0)])
+def test_diff_keeps_the_exponent_of_what_it_differences(powers, q, tracer):
     torch.manual_seed(0)
-    report = run(Differenced(power), (torch.randn(2, 8),), spec="d", options=Options(tracer=tracer)).report
+    report = run(Differenced(*powers), (torch.randn(2, 8),), spec="d", options=Options(tracer=tracer)).report
     assert verdict(report) == [("Differenced", q, "ok" if q <= 1 else "supercritical")]
 
 

@@ -134,9 +134,10 @@ class GrowthProp(fx.Interpreter):
 
     def _fixed(self) -> frozenset[fx.Node]:
         """Nodes computed from shapes and literals alone: no input, no parameter or buffer, no
-        random draw or uninitialised memory (:func:`~qlint.core.graph.indeterminate`). Each has one value whatever the input and the parameters, so it is bounded
-        by its entries, as a lifted tensor constant is (T5's relative-position buckets take
-        the log of 0 and select past it with ``where``: the buckets themselves are finite)."""
+        random draw or uninitialised memory (:func:`~qlint.core.graph.indeterminate`). Each has
+        one value whatever the input and the parameters, so it is bounded by its entries, as a
+        lifted tensor constant is (T5's relative-position buckets take the log of 0 and select
+        past it with ``where``: the buckets themselves are finite)."""
         if self._fixed_nodes is None:
             fixed: set[fx.Node] = set()
             for node in self.graph_facts.nodes:

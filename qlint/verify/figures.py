@@ -7,6 +7,7 @@ needs only the standard library.
 
 from __future__ import annotations
 
+import math
 import statistics
 import sys
 from dataclasses import dataclass, field
@@ -80,7 +81,7 @@ def _pyplot():
         import matplotlib.pyplot as plt
     except ImportError as exc:  # pragma: no cover - depends on the environment
         raise RuntimeError(
-f"qlint verify figures need matplotlib: {INSTALL_HINT}"
+            f"qlint verify figures need matplotlib: {INSTALL_HINT}"
         ) from exc
     return plt
 
@@ -277,7 +278,7 @@ def _telemetry_series(run: dict[str, Any], value: Callable[[dict], Optional[floa
     by_step: dict[int, list[float]] = {}
     for record in run.get("telemetry") or ():
         v = value(record)
-        if v is not None and v == v and v != float("inf"):
+        if v is not None and math.isfinite(v):
             by_step.setdefault(record["step"], []).append(v)
     steps = sorted(by_step)
     return steps, [max(by_step[s]) for s in steps]
@@ -305,7 +306,7 @@ def _stream_subject(runs: list[dict[str, Any]]) -> Optional[tuple[dict[str, Any]
             candidates.append((run, controls))
     if not candidates:
         return None
-    return max(candidates, key=lambda rc: (rc[0]["depth"], measured_steps(rc[0]), -runs.index(rc[0])))
+    return max(candidates, key=lambda rc: (rc[0]["depth"], measured_steps(rc[0])))  # the first of equals
 
 
 def figure_stream(runs: Iterable[dict[str, Any]], path: str | Path) -> Optional[StreamFigure]:
@@ -313,7 +314,8 @@ def figure_stream(runs: Iterable[dict[str, Any]], path: str | Path) -> Optional[
     controls in the same cell. Three panels over the training steps, each the largest value
     over the blocks: the stream norm max ||X_k|| on the fixed batch, and the gains
     ||v(sX_k)|| / ||sX_k|| at s = 1 and s = 4 (log axes); a dashed line at the blown-up run's
-    last step (where training stopped on non-finite parameters, or the end of its budget). None when no blown-up run with recorded telemetry has a control."""
+    last step (where training stopped on non-finite parameters, or the end of its budget).
+    None when no blown-up run with recorded telemetry has a control."""
     from qlint.core.algebra import format_q
     from qlint.verify.tables import BACKBONE_NAMES, VARIANT_NAMES, latest
     from qlint.verify.train import run_key

@@ -245,12 +245,11 @@ def _eval_starts(series, seq_len: int, horizon: int, max_windows: int):
     return np.arange(n)
 
 
-def measure_stream(monitor, series, seq_len: int, horizon: int, max_windows: int, step: int) -> None:
+def measure_stream(monitor, series, starts, seq_len: int, horizon: int, step: int) -> None:
     """Record, at ``step``, each block's largest stream norm and gains on the fixed batch:
-    TELEMETRY_WINDOWS of the evaluated windows, evenly spread (the same ones every time)."""
+    TELEMETRY_WINDOWS of the evaluated window ``starts``, evenly spread (the same ones every time)."""
     from qlint.verify.data import batch_windows
 
-    starts = _eval_starts(series, seq_len, horizon, max_windows)
     fixed = starts[np.unique(np.linspace(0, len(starts) - 1, TELEMETRY_WINDOWS).round().astype(np.int64))]
     monitor.measure(batch_windows(series, fixed, seq_len, horizon)[0], step=step)
 
@@ -265,7 +264,7 @@ def evaluate(model, series, seq_len: int, horizon: int, max_windows: int, batch:
 
     starts = _eval_starts(series, seq_len, horizon, max_windows)
     if monitor is not None:
-        measure_stream(monitor, series, seq_len, horizon, max_windows, step)
+        measure_stream(monitor, series, starts, seq_len, horizon, step)
     total, count = 0.0, 0
     model.eval()
     with torch.no_grad():
@@ -321,7 +320,8 @@ def train_run(cfg: RunConfig) -> dict[str, Any]:
     steps_done = 0
     stopped = ""
     if cfg.eval_every:  # the gains at initialisation: what training starts from
-        measure_stream(monitor, val, cfg.seq_len, cfg.horizon, cfg.max_eval_windows, step=0)
+        val_starts = _eval_starts(val, cfg.seq_len, cfg.horizon, cfg.max_eval_windows)
+        measure_stream(monitor, val, val_starts, cfg.seq_len, cfg.horizon, step=0)
     model.train()
     for step in range(cfg.steps):
         starts = torch.randint(n_train, (cfg.batch_size,), generator=gen)
