@@ -1,18 +1,24 @@
 # Two commands for a fresh machine: `make demo` (lint a bundled example) and `make test`.
 # Both create .venv on first use. torch is pinned here, not in pyproject (which keeps a
-# range), because an unpinned install pulls a multi-GB CUDA build; 2.14.1 is the release
-# that pairs with an importable torchvision (needed by timm for the model-zoo tests).
+# range): 2.14.1 is the release that pairs with an importable torchvision (needed by timm for
+# the model-zoo tests). The pin does not choose the build: torch==2.14.1 from PyPI is the
+# CUDA build on Linux (it pulls the nvidia-* wheels: .venv is about 6.1 GB and `make demo`
+# takes about 6 minutes on a fresh machine). Where the PyTorch CPU wheel index is reachable,
+# install the CPU build instead (a few hundred MB; qlint needs no GPU):
+#     make demo TORCH_INDEX_URL=https://download.pytorch.org/whl/cpu
 VENV ?= .venv
 PYTHON ?= python3
 PY := $(VENV)/bin/python
 PINS := torch==2.14.1 torchvision==0.29.1
+TORCH_INDEX_URL ?=
+TORCH_INDEX := $(if $(TORCH_INDEX_URL),--index-url $(TORCH_INDEX_URL),)
 
 .PHONY: demo test bench
 
 $(VENV)/.installed: pyproject.toml Makefile
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q $(PINS)
+	$(PY) -m pip install -q $(TORCH_INDEX) $(PINS)
 	$(PY) -m pip install -q -e ".[test,zoo,verify,distributed]" $(PINS)
 	touch $@
 

@@ -36,7 +36,7 @@ A label is CONFIRMED when:
   v is non-finite or huge, and ||v|| grows by at least 1e3 as that input is
   approached from 1e-1 to 1e-10 away: no finite b bounds v near there.
 
-Usage:  python bench/adversarial_truth.py [--quick] [-k SUBSTRING]
+Usage:  python bench/adversarial_truth.py [--quick] [-k SUBSTRING] [--cases FILE]
 Exits 1 if any label is contradicted (or a case fails to run).
 """
 
@@ -59,7 +59,7 @@ from qlint.probe.witness import Ray, velocity, witness  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 ADVERSARIAL = ROOT / "fixtures" / "adversarial"
-CASES_FILE = ADVERSARIAL / "CASES.toml"
+CASES_FILES = sorted(ADVERSARIAL.glob("CASES*.toml"))  # CASES.toml, then each review round's CASES_<round>.toml
 
 TOL = 0.25
 INF_SLOPE = 5.0
@@ -92,10 +92,9 @@ class Case:
         return f"fixtures/adversarial/{self.spec}"
 
 
-def load_cases(path: Path = CASES_FILE) -> list[Case]:
-    data = tomllib.loads(path.read_text())
+def load_cases(paths: Optional[list[Path]] = None) -> list[Case]:
     cases = []
-    for spec, entry in data["cases"].items():
+    for spec, entry in _entries(paths or CASES_FILES):
         q = entry["q_true"]
         if not isinstance(q, str):
             q = float(q)
@@ -111,14 +110,27 @@ def load_cases(path: Path = CASES_FILE) -> list[Case]:
     return cases
 
 
+def _entries(paths: list[Path]) -> list[tuple[str, dict]]:
+    entries: dict[str, dict] = {}
+    for path in paths:
+        for spec, entry in tomllib.loads(path.read_text())["cases"].items():
+            if spec in entries:
+                raise ValueError(f"{spec} is labelled twice ({path.name})")
+            entries[spec] = entry
+    return list(entries.items())
+
+
 _MODULES: dict[str, Any] = {}
 
 
 def factory_of(case: Case) -> Callable:
     """Import fixtures/adversarial/FILE.py (once) and return the factory."""
     if case.file not in _MODULES:
-        path = ADVERSARIAL / case.file
-        spec = importlib.util.spec_from_file_location(f"adversarial_{path.stem}", path)
+        path = (ADVERSARIAL / case.file).resolve()
+        # the fixtures' shared harness (common.py) is their folder's own: the CLI imports it from the spec's folder
+        sys.path.insert(0, str(path.parent))
+        sys.modules.pop("common", None)
+        spec = importlib.util.spec_from_file_location(f"adversarial_{path.parent.name}_{path.stem}", path)
         assert spec is not None and spec.loader is not None
         module = importlib.util.module_from_spec(spec)
         spec.loader.exec_module(module)
@@ -241,9 +253,10 @@ def main(argv: Optional[list[str]] = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="fewer directions and perturbations (the test suite's mode)")
     parser.add_argument("-k", default="", help="only cases whose spec contains this substring")
+    parser.add_argument("--cases", type=Path, action="append", help="a cases file (default: every fixtures/adversarial/CASES*.toml)")
     args = parser.parse_args(argv)
     torch.set_num_threads(1)
-    cases = [c for c in load_cases() if args.k in c.spec]
+    cases = [c for c in load_cases(args.cases) if args.k in c.spec]
     header = f"{'case':48} {'fam':>3} {'label':6} {'q_true':>6} {'measured':>8} {'nonfin':>6}  verdict"
     print(header)
     print("-" * len(header))

@@ -9,6 +9,7 @@ Configuration files, suppressions and baselines are applied one floor up, by
 
 from __future__ import annotations
 
+import math
 from contextlib import nullcontext
 from dataclasses import dataclass, field
 from typing import Any, Mapping, Optional, Sequence
@@ -17,9 +18,9 @@ import torch
 
 from qlint.registry import Declared
 from qlint.registry import default as default_registry
-from qlint.core.engine import Analysis, analyse
+from qlint.core.engine import Analysis, Gap, analyse
 from qlint.core.results import ModelReport
-from qlint.core.trace import TracedGraph, capture
+from qlint.core.trace import TraceFailure, TracedGraph, capture, computes, shapes_of
 from qlint.lint import run_checks
 from qlint.loader import LoadedModel, load, make_inputs
 
@@ -37,6 +38,8 @@ class Options:
     remedies: bool = False  # propose re-checked remedies for failing blocks (qlint.api attaches them)
     primitives: Mapping[type, Declared] = field(default_factory=dict)  # declared opaque modules
     layer_reuse: bool = True  # export traces identical layers once (qlint.core.reuse); off: every layer traced
+    witness: bool = True  # measure every certified block before certifying it (qlint.probe.block_witness, qlint.api runs it)
+    witness_budget: float = 10.0  # seconds the witness may spend on one model
 
 
 def run(model: torch.nn.Module, inputs: Optional[tuple], *, spec: str, options: Options,
@@ -55,6 +58,8 @@ def run(model: torch.nn.Module, inputs: Optional[tuple], *, spec: str, options: 
         if traced is None:
             traced = capture(model, inputs, registry, prefer=options.tracer, reuse=options.layer_reuse)
         analysis = analyse(model, inputs, traced, registry, spec=spec, threshold=options.threshold)
+        if traced.shapes is not None:
+            analysis = _over_shapes(model, analysis, registry, spec, options)
         analysis.options = options
         analysis.report.findings = run_checks(analysis)
         analysis.report.anchors = class_paths(model, analysis.report)
@@ -62,6 +67,79 @@ def run(model: torch.nn.Module, inputs: Optional[tuple], *, spec: str, options: 
         for module, training in modes:
             module.training = training
     return analysis
+
+
+MAX_SHAPES = 2  # other input shapes traced and analysed when the first graph does not cover them
+_VERDICT_RANK = {"certified": 0, "supercritical": 1, "uncertified": 2, "failed": 3}
+
+
+def _over_shapes(model: torch.nn.Module, analysis: Analysis, registry: Any, spec: str, options: Options) -> Analysis:
+    """The analysis of the worst input shape the model runs on, when the first graph (an export,
+    traced on the example) does not compute the model on every shape tried (:mod:`qlint.core.shapes`).
+
+    Uncovered shapes are traced again and analysed, most telling first; a later one that an
+    analysed graph computes is covered by it. The report is the one with the worst verdict (then
+    the largest q) and says which shapes were analysed. An uncovered shape on an axis the graph
+    keeps symbolic (another side of a dispatch on a size) that no analysed graph computes, or one
+    that cannot be traced, is a coverage gap: not certified. Shapes along an axis a loop is
+    unrolled over are analysed as a sample (the longest and the shortest tried), and the report
+    says the certificate holds for the lengths analysed; so are, past the first two, the regions
+    that only the export's own size assumptions separate (an inner size becomes or stops being 1,
+    two sizes become equal: the scope size-1 inputs already have), and the report names them.
+    """
+    coverage = analysis.traced.shapes
+    notes = [coverage.scope]
+    worst, graphs, loops, collapsed = analysis, [], [], []
+    for other in coverage.uncovered:
+        shapes = shapes_of(other.inputs)
+        if any(computes(model, g.module, other.inputs) for g in graphs):
+            continue
+        if len(graphs) >= MAX_SHAPES:
+            if other.unrolled:
+                loops.append(shapes)
+            elif other.collapse:
+                collapsed.append(other.where)
+            else:
+                _gap(worst, f"on inputs {shapes} the graph traced on the example does not compute the model "
+                            f"(the model dispatches on a size), and {MAX_SHAPES} other shapes were analysed already")
+            continue
+        try:
+            traced = capture(model, other.inputs, registry, prefer=analysis.traced.tracer, reuse=options.layer_reuse,
+                             shapes_too=False)
+        except TraceFailure as exc:
+            _gap(worst, f"on inputs {shapes} the graph traced on the example does not compute the model, and the model "
+                        f"traced there was refused ({exc})")
+            continue
+        traced.example = other.inputs
+        graphs.append(traced)
+        alternative = analyse(model, other.inputs, traced, registry, spec=spec, threshold=options.threshold)
+        notes.append(f"the graph differs from the model on inputs {shapes}: traced and analysed there too "
+                     f"({alternative.report.verdict})")
+        if _severity(alternative) > _severity(worst):
+            alternative.gaps += [g for g in worst.gaps if g.part is None]
+            alternative.report.uncovered += [g.reason for g in worst.gaps if g.part is None]
+            worst = alternative
+    if any(other.unrolled for other in coverage.uncovered):
+        analysed = [shapes_of(analysis.inputs), *(shapes_of(g.example) for g in graphs)]
+        notes.append(f"a loop is unrolled over an axis: the certificate holds for the lengths analysed ({'; '.join(analysed)})"
+                     + (f", not for {', '.join(loops)}" if loops else ""))
+    if collapsed:
+        notes.append(f"not analysed: {', '.join(collapsed)}, where an inner size becomes or stops being 1 or two sizes "
+                     "become equal (the export specialises those, as it does inputs of size 1): the certificate holds for "
+                     "the sizes analysed")
+    worst.report.extra["shapes"] = "; ".join(notes)
+    return worst
+
+
+def _severity(analysis: Analysis) -> tuple[int, float]:
+    report = analysis.report
+    q = max((p.q if p.q is not None else math.inf for p in [*report.blocks, *report.transitions]), default=0.0)
+    return _VERDICT_RANK.get(report.verdict, 3), q
+
+
+def _gap(analysis: Analysis, reason: str) -> None:
+    analysis.gaps.append(Gap(None, "model", None, reason))
+    analysis.report.uncovered.append(reason)
 
 
 def class_paths(model: torch.nn.Module, report: ModelReport) -> dict[str, str]:

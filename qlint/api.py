@@ -8,11 +8,13 @@ that JSON document); ``qlint.analyze(model, inputs)`` does the same for a model 
 
 from __future__ import annotations
 
+import contextlib
 from pathlib import Path
 from typing import Any, Callable, Iterable, Iterator, Mapping, Optional, Sequence, Union
 
 from qlint.ci.cache import ResultCache, read_files
 from qlint.ci.config import Config, ConfigError, load_config
+from qlint.ci.workers import WorkerDied
 from qlint.core.errors import QlintError
 from qlint.core.results import ModelReport, Report
 
@@ -33,17 +35,21 @@ def configure(specs: Optional[Sequence[str]] = None, *, config: Union[str, Path,
 
 def check(specs: Optional[Sequence[str]] = None, *, config: Union[str, Path, None] = None, isolated: bool = False,
           overrides: Iterable[str] = (), remedies: bool = False, jobs: int = 1, cwd: Union[str, Path, None] = None,
-          **flags: Any) -> Report:
+          supervised: Optional[bool] = None, **flags: Any) -> Report:
     """Analyse each spec (or the configured ``models``) as ``qlint check`` does, the result
     cache included (``no_cache=True`` turns it off), ``jobs`` models at a time.
 
     A model that fails is in the report with verdict ``failed`` (``Report.failures``),
-    not raised, so the others are still checked.
+    not raised, so the others are still checked. ``supervised=True`` runs the models in
+    supervised worker processes, as the command line always does (a model's ``os._exit`` or
+    segfault is then its failure, not the end of your process); the default is worker
+    processes when ``jobs > 1``, else this process (a ``sys.exit()`` in the model's code is
+    still its failure, and what it prints goes to stderr).
     """
     settings = configure(specs, config=config, isolated=isolated, overrides=overrides, cwd=cwd, **flags)
     if not settings.models:
         raise ConfigError("no models to check: give specs, or list them in [tool.qlint] models = [...]")
-    report = analyse_configured(settings, remedies=remedies, jobs=jobs)
+    report = analyse_configured(settings, remedies=remedies, jobs=jobs, supervised=supervised)
     if settings.baseline is not None:
         from qlint.ci.baseline import filter_new
 
@@ -52,20 +58,32 @@ def check(specs: Optional[Sequence[str]] = None, *, config: Union[str, Path, Non
 
 
 def analyse_configured(settings: Config, *, remedies: bool = False, jobs: int = 1,
-                       on_failure: Optional[Callable[[str, BaseException], None]] = None) -> Report:
+                       on_failure: Optional[Callable[[str, BaseException], None]] = None,
+                       supervised: Optional[bool] = None, faulthandler: bool = False,
+                       on_note: Optional[Callable[[str, str], None]] = None) -> Report:
     """Every configured model: its per-model settings, declared primitives, suppressions.
 
     A model whose inputs are unchanged is replayed from the result cache without torch
-    (:mod:`qlint.ci.cache`; ``settings.use_cache``); the others are analysed, ``jobs`` at a
-    time in worker processes, and stored. A model that cannot be loaded, traced or analysed
-    does not stop the others: its report is :meth:`ModelReport.failed` (verdict ``failed``;
-    the CLI exits 2 after writing every report) and ``on_failure(spec, exception)`` is
-    called, e.g. to print the traceback. Ctrl-C still stops the run.
+    (:mod:`qlint.ci.cache`; ``settings.use_cache``); the others are analysed and stored.
+    ``supervised`` (default: ``jobs > 1``) runs them in worker processes, ``jobs`` at a time
+    (:mod:`qlint.ci.workers`: a worker that dies costs only the model it held); else they run
+    here, one after the other. Either way the model's code is guarded: a ``sys.exit()`` in it
+    is that model's failure, and what it prints goes to stderr. A model that cannot be loaded,
+    traced or analysed does not stop the others: its report is :meth:`ModelReport.failed`
+    (verdict ``failed``) and ``on_failure(spec, exception)`` is called, e.g. to print the
+    traceback. ``on_note(level, text)`` hears what the cache did (``"warning"``: the cache is
+    off and why; ``"info"``: an entry that was ignored). Ctrl-C still stops the run.
     """
     from qlint.ci.suppress import apply_suppressions
     from qlint.loader import check_spec
 
+    def note(level: str, text: str) -> None:
+        if on_note is not None:
+            on_note(level, text)
+
     cache = ResultCache(settings.cache_path()) if settings.use_cache else None
+    if cache is not None and (problem := cache.problem()) is not None:
+        note("warning", f"results are not cached: {problem}")
     models: dict[int, ModelReport] = {}
     pending: list[tuple[int, str, Optional[str]]] = []
     replayed: set[str] = set()
@@ -81,9 +99,14 @@ def analyse_configured(settings: Config, *, remedies: bool = False, jobs: int = 
             models[index] = cached
             replayed.add(spec)
         else:
+            if cache is not None and cache.why not in ("", "no entry") and not cache.why.endswith(" changed"):
+                note("info", f"{spec}: {cache.why}")
             pending.append((index, spec, key))
-    outcomes = _analyse_each(settings, [(spec, key) for _, spec, key in pending], remedies, jobs)
+    supervised = jobs > 1 if supervised is None else supervised
+    outcomes = _analyse_each(settings, [(spec, key) for _, spec, key in pending], remedies, jobs, supervised, faulthandler)
     for (index, spec, _), outcome in zip(pending, outcomes):
+        if isinstance(outcome, WorkerDied):  # named here: the supervisor knows tasks, not specs
+            outcome = WorkerDied(f"{spec}: {outcome}")
         models[index] = outcome if isinstance(outcome, ModelReport) else _failed(spec, outcome, on_failure)
     return Report(apply_suppressions([models[i] for i in range(len(settings.models))], settings), from_cache=frozenset(replayed))
 
@@ -92,7 +115,8 @@ def cache_key(cache: ResultCache, settings: Config, spec: str, remedies: bool) -
     """The cache key of one model's analysis: its effective options and declared primitives."""
     from dataclasses import asdict
 
-    options = {**asdict(settings.options_for(spec)), "remedies": remedies, "primitives": settings.primitives}
+    options = {**asdict(settings.options_for(spec)), "remedies": remedies, "primitives": settings.primitives,
+               "witness": settings.witness, "witness_budget": settings.witness_budget}
     return cache.key(spec, options)
 
 
@@ -105,29 +129,25 @@ def analyse_one(settings: Config, spec: str, remedies: bool, key: Optional[str] 
     return report
 
 
-def _analyse_each(settings: Config, specs: list[tuple[str, Optional[str]]], remedies: bool,
-                  jobs: int) -> Iterator[Union[ModelReport, BaseException]]:
-    """Each spec's report, or the exception that stopped it, in order; ``jobs`` worker processes
-    when there is more than one spec to analyse (spawned: torch must not be forked)."""
-    if jobs <= 1 or len(specs) <= 1:
-        for spec, key in specs:
-            try:
-                yield analyse_one(settings, spec, remedies, key)
-            except Exception as exc:  # noqa: BLE001  (one model's failure is reported, the run goes on)
-                yield exc
-        return
-    import multiprocessing
-    from concurrent.futures import ProcessPoolExecutor
+def _analyse_each(settings: Config, specs: list[tuple[str, Optional[str]]], remedies: bool, jobs: int,
+                  supervised: bool, faulthandler: bool = False) -> list[Union[ModelReport, BaseException]]:
+    """Each spec's report, or the exception that stopped it, in order: in ``jobs`` supervised
+    worker processes, or here with the model's stdout sent to stderr."""
+    if not specs:
+        return []
+    if supervised:
+        from qlint.ci.workers import Supervisor
 
-    with ProcessPoolExecutor(max_workers=min(jobs, len(specs)), mp_context=multiprocessing.get_context("spawn")) as pool:
-        futures = [pool.submit(_worker, settings, spec, remedies, key) for spec, key in specs]
+        return Supervisor(min(jobs, len(specs)), faulthandler=faulthandler).run(
+            _worker, [(settings, spec, remedies, key) for spec, key in specs])
+    outcomes: list[Union[ModelReport, BaseException]] = []
+    for spec, key in specs:
         try:
-            for future in futures:
-                yield future.result()
-        except BaseException:
-            for future in futures:
-                future.cancel()
-            raise
+            with model_code(spec):  # the caller's stdout is not the model's; its sys.exit() is its failure
+                outcomes.append(analyse_one(settings, spec, remedies, key))
+        except Exception as exc:  # noqa: BLE001  (one model's failure is reported, the run goes on)
+            outcomes.append(exc)
+    return outcomes
 
 
 def _worker(settings: Config, spec: str, remedies: bool, key: Optional[str]) -> Union[ModelReport, BaseException]:
@@ -135,9 +155,28 @@ def _worker(settings: Config, spec: str, remedies: bool, key: Optional[str]) -> 
     import traceback
 
     try:
+        _fresh_random_state()
         return analyse_one(settings, spec, remedies, key)
     except Exception as exc:  # noqa: BLE001
         return WorkerFailure(failure_message(exc), "".join(traceback.format_exception(type(exc), exc, exc.__traceback__)))
+
+
+_START_STATE: list[Any] = []  # torch's and Python's random state before a worker's first model
+
+
+def _fresh_random_state() -> None:
+    """Every model a worker analyses starts from the random state of a fresh process (the first
+    model's), whichever models the worker analysed before it: ``-j N`` gives what ``-j 1`` gives."""
+    import random
+
+    import torch
+
+    if not _START_STATE:
+        _START_STATE.append((torch.random.get_rng_state(), random.getstate()))
+        return
+    torch_state, python_state = _START_STATE[0]
+    torch.random.set_rng_state(torch_state)
+    random.setstate(python_state)
 
 
 class WorkerFailure(QlintError):
@@ -169,13 +208,24 @@ def _one(settings: Config, spec: str, *, remedies: bool) -> ModelReport:
     from qlint.analysis import run
     from qlint.ci.identity import attribute_to_repository
     from qlint.core.results import Source
+    from qlint.loader import ModelExit, current_phase, exit_message, note_phase
 
     loaded, options = prepare(settings, spec, remedies=remedies)
-    analysis = run(loaded.model, loaded.inputs, spec=spec, options=options)
-    if remedies:
-        from qlint.remedies import attach
+    try:
+        note_phase("tracing the model (running its forward)")
+        analysis = run(loaded.model, loaded.inputs, spec=spec, options=options)
+        if options.witness:
+            from qlint.probe.block_witness import attach as witness
 
-        attach(analysis)
+            note_phase("measuring the certified blocks (the witness runs the model's graph)")
+            witness(analysis, options.witness_budget)
+        if remedies:
+            from qlint.remedies import attach
+
+            note_phase("re-checking remedies (running the model's forward)")
+            attach(analysis)
+    except SystemExit as exc:  # the model's forward called sys.exit(): its failure, not the run's end
+        raise ModelExit(f"{spec}: {exit_message(exc, current_phase())}") from None
     return attribute_to_repository(analysis.report, Source(*loaded.origin) if loaded.origin else None)
 
 
@@ -192,6 +242,8 @@ def prepare(settings: Config, spec: str, *, remedies: bool = False) -> tuple[Any
         input_shapes=[",".join(str(d) for d in shape) for shape in model_settings.input_shapes or ()],
         input_dtype=model_settings.input_dtype or "float32",
         remedies=remedies,
+        witness=settings.witness,
+        witness_budget=settings.witness_budget,
     )
     loaded = load_model(spec, options)
     options.primitives = declared_in(loaded.model, settings.primitives)
@@ -241,8 +293,12 @@ def analyze(model: Any, example_inputs: Optional[tuple] = None, *, spec: Optiona
     by_class = {key: value for key, value in (primitives or {}).items() if not isinstance(key, str)}
     declared = {**declared_in(model, {**settings.primitives, **by_name}), **declarations(by_class)}
     options = Options(mode=model_settings.mode, tracer=model_settings.tracer, threshold=model_settings.threshold,
-                      primitives=declared)
+                      primitives=declared, witness=settings.witness, witness_budget=settings.witness_budget)
     analysis = run(model, example_inputs, spec=name, options=options)
+    if options.witness:
+        from qlint.probe.block_witness import attach as witness
+
+        witness(analysis, options.witness_budget)
     return apply_suppressions([analysis.report], settings)[0]
 
 
@@ -257,10 +313,12 @@ def probe(specs: Optional[Sequence[str]] = None, *, config: Union[str, Path, Non
 
     extra = {"on_block": on_block} if on_block is not None else {}
     results = []
-    for spec, loaded, options in _configured_models(specs, config, isolated, overrides, cwd, flags):
-        result = probe_model(loaded.model, loaded.inputs, spec=spec, options=options, settings=settings or ProbeSettings(), **extra)
-        logs.attach(result)
-        results.append(result)
+    with model_code():
+        for spec, loaded, options in _configured_models(specs, config, isolated, overrides, cwd, flags):
+            with model_code(spec, "probing the model (running its blocks)"):
+                result = probe_model(loaded.model, loaded.inputs, spec=spec, options=options, settings=settings or ProbeSettings(), **extra)
+            logs.attach(result)
+            results.append(result)
     return results
 
 
@@ -271,10 +329,12 @@ def probe_loops(specs: Optional[Sequence[str]] = None, *, config: Union[str, Pat
     from qlint.probe.loops import LoopSettings
     from qlint.probe.loops import probe_loops as probe_model_loops
 
-    return {
-        spec: probe_model_loops(loaded.model, loaded.inputs, spec=spec, options=options, settings=settings or LoopSettings())
-        for spec, loaded, options in _configured_models(specs, config, isolated, overrides, cwd, flags)
-    }
+    found = {}
+    with model_code():
+        for spec, loaded, options in _configured_models(specs, config, isolated, overrides, cwd, flags):
+            with model_code(spec, "probing the model's loops (running them)"):
+                found[spec] = probe_model_loops(loaded.model, loaded.inputs, spec=spec, options=options, settings=settings or LoopSettings())
+    return found
 
 
 def models_to_run(specs: Optional[Sequence[str]] = None, *, config: Union[str, Path, None] = None, isolated: bool = False,
@@ -302,8 +362,29 @@ def _configured_models(specs: Optional[Sequence[str]], config: Any, isolated: bo
         yield spec, loaded, options
 
 
+@contextlib.contextmanager
+def model_code(spec: str = "", phase: str = "") -> Iterator[None]:
+    """Run the model's code in this process with a guard: what it prints goes to stderr (stdout is
+    the report's), and a ``sys.exit()`` in it is a :class:`~qlint.loader.ModelExit` naming ``spec``
+    and the phase, not the end of the process (``qlint probe``, ``qlint coverage``, the API;
+    ``qlint check`` runs models in supervised worker processes instead)."""
+    import sys
+
+    from qlint.loader import ModelExit, current_phase, exit_message, note_phase
+
+    if phase:
+        note_phase(phase)
+    with contextlib.redirect_stdout(sys.stderr):
+        try:
+            yield
+        except SystemExit as exc:
+            message = exit_message(exc, current_phase() or "running the model")
+            raise ModelExit(f"{spec}: {message}" if spec else message) from None
+
+
 def _q_and_why(value: Any) -> tuple[float, str]:
     return (value.q, value.why) if hasattr(value, "why") else (float(value["q"]), str(value["why"]))
 
 
-__all__ = ["analyze", "analyse_configured", "check", "configure", "declared_in", "models_to_run", "prepare", "probe", "probe_loops"]
+__all__ = ["analyze", "analyse_configured", "check", "configure", "declared_in", "model_code", "models_to_run", "prepare", "probe",
+           "probe_loops"]

@@ -5,6 +5,12 @@ on sys.path; a dotted module is imported as is. The attribute is an nn.Module or
 zero-argument factory returning ``model`` or ``(model, example_inputs)``. An
 ImportError raised inside the user's module is reported as such, not as a missing
 module.
+
+Model code is the user's, and a gate must survive it: a ``sys.exit()`` while the module is
+imported or the factory runs is a :class:`LoadError` naming the spec (:class:`ModelExit`),
+never the end of the run, and :func:`note_phase` tells a supervising process what the
+model's code is doing (``importing models.py``), so a worker that dies (``os._exit``, a
+segfault, the OOM killer) is reported with the phase it died in.
 """
 
 from __future__ import annotations
@@ -15,7 +21,7 @@ import re
 import sys
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Optional, Sequence
+from typing import Any, Callable, Mapping, Optional, Sequence
 
 from qlint.core.errors import QlintError
 
@@ -24,6 +30,41 @@ DTYPES = ("float32", "float64", "float16", "bfloat16", "int64", "int32")
 
 class LoadError(QlintError):
     """The spec could not be turned into a model; the message is one line."""
+
+
+class ModelExit(LoadError):
+    """The model's own code called ``sys.exit()`` (raised ``SystemExit``) while qlint ran it."""
+
+
+_phase_listener: Optional[Callable[[str], None]] = None
+_phase = ""
+
+
+def set_phase_listener(listener: Optional[Callable[[str], None]]) -> None:
+    """Call ``listener(phase)`` whenever the model's code enters a phase (a --jobs worker sends
+    it to the process that supervises it)."""
+    global _phase_listener
+    _phase_listener = listener
+
+
+def note_phase(phase: str) -> None:
+    """What the model's code is doing now (``importing models.py``, ``building the model``,
+    ``tracing``): named in the one-line error when it exits or its process dies."""
+    global _phase
+    _phase = phase
+    if _phase_listener is not None:
+        _phase_listener(phase)
+
+
+def current_phase() -> str:
+    return _phase
+
+
+def exit_message(exc: SystemExit, phase: str) -> str:
+    """``the model's code called sys.exit(3) while importing models.py``: one line."""
+    code = exc.code
+    shown = "" if code is None else repr(code) if not isinstance(code, int) else str(code)
+    return f"the model's code called sys.exit({shown}) while {phase}"
 
 
 @dataclass
@@ -56,6 +97,20 @@ def is_path_spec(location: str) -> bool:
     return location.endswith(".py") or "/" in location or "\\" in location
 
 
+def _prefer(folder: str) -> None:
+    """Put a spec's folder first on sys.path, and forget a module of the same name as one of its files
+    that an earlier spec imported from another folder: ``import common`` in ``a/model.py`` and in
+    ``b/model.py`` are two modules, as running each file on its own would make them."""
+    if folder in sys.path:
+        sys.path.remove(folder)
+    sys.path.insert(0, folder)
+    for sibling in Path(folder).glob("*.py"):
+        loaded = sys.modules.get(sibling.stem)
+        where = getattr(loaded, "__file__", None)
+        if loaded is not None and where and Path(where).resolve().parent != Path(folder):
+            del sys.modules[sibling.stem]
+
+
 def import_target(location: str) -> Any:
     """Import a .py file (its folder on sys.path) or a dotted module name."""
     if is_path_spec(location):
@@ -63,8 +118,7 @@ def import_target(location: str) -> Any:
         if not path.is_file():
             raise LoadError(f"no such file: {location}")
         folder = str(path.resolve().parent)
-        if folder not in sys.path:
-            sys.path.insert(0, folder)
+        _prefer(folder)
         name = f"qlint_user_{path.stem}_{abs(hash(str(path.resolve()))) % 10**8}"
         if name in sys.modules:
             return sys.modules[name]
@@ -72,8 +126,12 @@ def import_target(location: str) -> Any:
         assert spec is not None and spec.loader is not None
         module = importlib.util.module_from_spec(spec)
         sys.modules[name] = module
+        note_phase(f"importing {location}")
         try:
             spec.loader.exec_module(module)
+        except SystemExit as exc:
+            del sys.modules[name]
+            raise ModelExit(exit_message(exc, f"importing {location}")) from None
         except ImportError as exc:
             del sys.modules[name]
             raise LoadError(f"{location}: import failed inside the module: {exc}") from exc
@@ -83,8 +141,11 @@ def import_target(location: str) -> Any:
         return module
     if "." not in sys.path and "" not in sys.path:
         sys.path.insert(0, ".")
+    note_phase(f"importing {location}")
     try:
         return importlib.import_module(location)
+    except SystemExit as exc:
+        raise ModelExit(exit_message(exc, f"importing {location}")) from None
     except ModuleNotFoundError as exc:
         if exc.name and (location == exc.name or location.startswith(exc.name + ".")):
             raise LoadError(f"module not found: {location}") from exc
@@ -121,7 +182,10 @@ def load(spec: str) -> LoadedModel:
     import torch
 
     location, attribute = check_spec(spec)
-    target: Any = import_target(location)
+    try:
+        target: Any = import_target(location)
+    except ModelExit as exc:
+        raise ModelExit(f"{spec}: {exc}") from None
     for part in attribute.split("."):
         if not hasattr(target, part):
             raise LoadError(f"{location} has no attribute {attribute!r}")
@@ -131,16 +195,59 @@ def load(spec: str) -> LoadedModel:
         return LoadedModel(target, None, spec, origin)
     if not callable(target):
         raise LoadError(f"{spec} is neither an nn.Module nor a factory")
+    note_phase(f"building the model ({attribute}())")
     try:
         built = target()
+    except SystemExit as exc:
+        raise ModelExit(f"{spec}: {exit_message(exc, f'building the model ({attribute}())')}") from None
     except Exception as exc:
         raise LoadError(f"{spec}: the factory raised {type(exc).__name__}: {exc}") from exc
     model, inputs = (built if isinstance(built, tuple) and len(built) == 2 else (built, None))
     if not isinstance(model, torch.nn.Module):
         raise LoadError(f"{spec} returned {type(model).__name__}, expected an nn.Module or (model, example_inputs)")
-    if inputs is not None:
+    if isinstance(inputs, Mapping):
+        inputs = keyword_inputs(model, inputs, spec)
+    elif inputs is not None:
         inputs = tuple(inputs) if isinstance(inputs, (tuple, list)) else (inputs,)
     return LoadedModel(model, inputs, spec, origin)
+
+
+def keyword_inputs(model: Any, inputs: Mapping[str, Any], spec: str) -> tuple:
+    """Example inputs given as a dict (``{"input_ids": ids, "attention_mask": mask}``, as Hugging
+    Face models take them) are keyword arguments of ``forward``: bound by name to its parameters
+    and passed in their order, a parameter the dict skips given its default, so the call is
+    ``model(**inputs)``. A name ``forward`` does not take, or one it takes only by keyword,
+    is a LoadError naming it."""
+    import inspect
+
+    try:
+        signature = inspect.signature(model.forward)
+    except (TypeError, ValueError):
+        raise LoadError(f"{spec}: example inputs given as a dict, but the signature of "
+                        f"{type(model).__name__}.forward cannot be read to bind them by name") from None
+    parameters = list(signature.parameters.values())
+    positional = [p for p in parameters if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+    names = [p.name for p in positional]
+    for key in inputs:
+        if key not in names:
+            keyword_only = any(p.name == key and p.kind == p.KEYWORD_ONLY for p in parameters)
+            var_keyword = any(p.kind == p.VAR_KEYWORD for p in parameters)
+            why = ("takes it only by keyword" if keyword_only else "takes it only through **kwargs" if var_keyword
+                   else "has no such parameter")
+            raise LoadError(f"{spec}: example input {key!r} (a dict key) cannot be passed to "
+                            f"{type(model).__name__}.forward, which {why}; give the inputs as a tuple "
+                            f"in the order of forward{signature}")
+    last = max(names.index(key) for key in inputs) if inputs else -1
+    values = []
+    for parameter in positional[: last + 1]:
+        if parameter.name in inputs:
+            values.append(inputs[parameter.name])
+        elif parameter.default is not parameter.empty:
+            values.append(parameter.default)
+        else:
+            raise LoadError(f"{spec}: the example inputs (a dict) give no value for {parameter.name!r}, "
+                            f"which {type(model).__name__}.forward requires")
+    return tuple(values)
 
 
 def _origin(target: Any, location: str) -> Optional[tuple[str, int]]:

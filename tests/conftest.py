@@ -77,3 +77,13 @@ def lint():
         return cache[key]
 
     return run
+
+
+@pytest.fixture
+def repo(tmp_path: Path, monkeypatch) -> Path:
+    """A fake git work tree (the SARIF/GitHub root) with the cwd inside it."""
+    (tmp_path / ".git").mkdir()
+    (tmp_path / "pkg").mkdir()
+    (tmp_path / "pkg" / "model.py").write_text("x\n" * 50)
+    monkeypatch.chdir(tmp_path)
+    return tmp_path

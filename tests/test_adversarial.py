@@ -41,6 +41,11 @@ IDS = [case.spec for case in CASES]
 CONSERVATIVE = {
     "sign_facts.py:exp_abs_difference_safe": "(-2|z|) - (-|z|) <= 0 needs a relation between the two terms (interval arithmetic gives any sign)",
     "special_complex.py:complex_exp_imaginary": "|exp(i u)| = 1 needs the real part of a complex value, which the domain does not track",
+    "r1_subclass.py:logged_weight_safe": "a parameter whose class overrides __torch_function__ is refused: what it computes is not read",
+    "r1_decays.py:slstm_stabilised_safe": "exp(i - m_t) <= 1 needs m_t >= i, a relation through the max-stabiliser the domain does not keep",
+    "r1_linalg.py:skew_matrix_exp_rotation_safe": "matrix_exp of a matrix computed from x is orthogonal only for a skew argument: structure the domain does not keep",
+    "r1_linalg.py:cayley_rotation_safe": "solve(I - S, I + S) of a skew S from x is orthogonal: structure the domain does not keep",
+    "r1_buffers.py:denorm_with_running_std_safe": "a buffer the forward writes (running statistics) read by value outside BatchNorm is unknown",
 }
 
 

@@ -167,7 +167,7 @@ def test_jobs_lints_several_models_in_workers_and_merges_them_in_order(project):
     specs = ["cubic.py", "model.py:broken", "model.py"]
     serial = qlint(project, *specs, "--no-cache", "--format", "json")
     parallel = qlint(project, *specs, "--no-cache", "--format", "json", "--jobs", "2", "--traceback")
-    assert serial.returncode == parallel.returncode == 2
+    assert serial.returncode == parallel.returncode == 1  # a finding fails the run; the failed model is reported too
     assert json.loads(parallel.stdout) == json.loads(serial.stdout)
     assert [m["verdict"] for m in json.loads(parallel.stdout)["models"]] == ["supercritical", "failed", "certified"]
     assert "RuntimeError: no such checkpoint" in parallel.stderr and "Traceback" in parallel.stderr  # the worker's trace

@@ -55,11 +55,19 @@ def test_an_unmasked_log_of_zero_stays_unbounded(tracer):
     assert blocks == [(None, "uncertified")] and len(reasons) == 1
 
 
-@pytest.mark.parametrize("source", ["rand", "parameter"])
-def test_a_random_draw_or_a_parameter_is_not_a_fixed_value(source):
-    blocks, reasons = verdict(LogOfPositions(source=source), "export")
+def test_a_random_draw_is_not_a_fixed_value():
+    blocks, reasons = verdict(LogOfPositions(source="rand"), "export")
     assert blocks == [(None, "uncertified")]
-    assert reasons and ("may approach 0" in reasons[0] or "may be <= 0" in reasons[0])
+    assert reasons and "random draw" in reasons[0]
+
+
+def test_the_log_of_a_parameter_is_a_hazard_not_growth():
+    """log(|b|) is -inf where a bias entry is 0: a hazard at those parameter values (QL108), and a
+    constant coefficient at every other, so the block keeps q = 1."""
+    report = run(LogOfPositions(source="parameter"), (torch.randn(2, WIDTH),), spec="m", options=Options(tracer="export")).report
+    assert [(b.q, b.status) for b in report.blocks] == [(1.0, "ok")]
+    [hazard] = [f for f in report.findings if f.code == "QL108"]
+    assert "of a parameter expression that may be <= 0" in hazard.message
 
 
 def test_a_fixed_value_on_meta_cannot_be_read_and_stays_unbounded():

@@ -22,16 +22,6 @@ from conftest import CUBIC_LINE, CUBIC_MODULE
 from qlint.lint.rule import rules as load_all
 
 
-@pytest.fixture
-def repo(tmp_path: Path, monkeypatch) -> Path:
-    """A fake git work tree (the SARIF/GitHub root) with the cwd inside it."""
-    (tmp_path / ".git").mkdir()
-    (tmp_path / "pkg").mkdir()
-    (tmp_path / "pkg" / "model.py").write_text("x\n" * 50)
-    monkeypatch.chdir(tmp_path)
-    return tmp_path
-
-
 def make_report(root: Path, line: int = 12) -> Report:
     file = str(root / "pkg" / "model.py")
     poly = ModelReport(
@@ -320,10 +310,13 @@ def test_cli_full_report_to_file_is_plain_text(e2e):
     assert "QL101" in text and "\x1b[" not in text
 
 
-def test_cli_output_file_in_a_missing_folder_exits_2(e2e):
-    result = qlint("--format", "json", "-o", "no/such/dir/out.json")
+def test_cli_output_file_in_a_missing_folder_creates_it_and_a_file_in_the_way_exits_2(e2e):
+    result = qlint("--format", "json", "-o", "no/such/dir/out.json")  # as ruff: the folders are made
+    assert result.exit_code == 1 and json.loads((e2e / "no/such/dir/out.json").read_text())["models"]
+    (e2e / "blocker").write_text("a file, not a folder\n")
+    result = qlint("--format", "json", "-o", "blocker/out.json")
     assert result.exit_code == 2
-    assert result.stderr.startswith("qlint: error:") and result.stderr.count("\n") == 1
+    assert result.stderr.startswith("qlint: error: cannot write the json report blocker/out.json") and result.stderr.count("\n") == 1
 
 
 def test_cli_exit_2_on_bad_spec_even_with_exit_zero(e2e):

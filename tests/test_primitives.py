@@ -64,6 +64,13 @@ def q_of(branch, *, mode=None, inputs=True):
         (lambda m, h: torch.full_like(h, 2.0) * h + torch.zeros_like(h), 1),  # a template only
         (lambda m, h: torch.lerp(h, 2 * h, 0.5), 1),
         (lambda m, h: torch.lerp(h, torch.zeros_like(h), h), 2),  # an input-dependent weight multiplies
+        (lambda m, h: F.mse_loss(h, torch.zeros_like(h), reduction="none"), 2),  # the error squared
+        (lambda m, h: F.mse_loss(torch.tanh(h), torch.zeros_like(h), reduction="none"), 0),
+        (lambda m, h: F.l1_loss(h, 2 * h, reduction="none"), 1),
+        (lambda m, h: F.huber_loss(h, torch.zeros_like(h), reduction="none") * h, 2),  # linear beyond delta
+        (lambda m, h: F.smooth_l1_loss(h, h.detach() ** 3, reduction="none"), 3),  # the target's exponent
+        (lambda m, h: F.mse_loss(h, torch.zeros_like(h)) * h, 3),  # a mean keeps the exponent
+        (lambda m, h: F.max_pool1d(h, 3, 1, 1), 1),  # F.max_pool1d is `fn(*args, **kwargs)`: bound as it dispatches
     ],
 )
 def test_exponent(branch, q):
@@ -78,6 +85,7 @@ def test_exponent(branch, q):
         (lambda m, h: torch.log(h.abs()), "log"),
         (lambda m, h: torch.special.i0(h), "i0"),
         (lambda m, h: torch.pow(2.0, h), "pow of an argument not bounded above"),
+        (lambda m, h: h * F.mse_loss(h[:, :0], h[:, :0]), "a mean of nothing is NaN"),
     ],
 )
 def test_cannot_bound_is_never_certified(branch, culprit):

@@ -3,7 +3,8 @@ obeys the laws every transfer must, on every ATen overload of every op it claims
 
 The laws, for each overload called with every tensor argument input-dependent:
 
-* the transfer runs (an error it raises is reported as unknown, never a crash);
+* the transfer runs (an error it raises is reported as unknown, never a crash), and its result
+  has the op's output structure (one Growth per tensor the schema returns);
 * a dependent argument it did not read makes the result unknown (``Call.unread``);
 * raising one argument's exponent never lowers the result's (monotone: Theorem 9's
   operations all are), and an unknown argument leaves the result unknown unless the
@@ -17,6 +18,8 @@ from __future__ import annotations
 
 import inspect
 import math
+import subprocess
+import sys
 from typing import Any, Iterator, Optional
 
 import pytest
@@ -25,8 +28,8 @@ import torch.fx as fx
 
 from qlint.core.domain import Growth
 from qlint.core.graph import annotate, facts
-from qlint.core.ops import NEUTRAL
-from qlint.core.propagate import run_transfer
+from qlint.core.ops import NEUTRAL, Call
+from qlint.core.propagate import run_transfer, structure_mismatch
 from qlint.registry import default, entries, resolve, spellings
 
 REGISTRY = default()
@@ -34,6 +37,36 @@ REGISTRY = default()
 
 def test_every_target_resolves():
     assert REGISTRY.unresolved == []
+
+
+def test_library_targets_resolve_and_are_found_by_their_own_name():
+    """A dotted-path target outside torch (deferred when its library is not imported yet) must
+    exist and be reachable by its object's __module__.__qualname__."""
+    library = [(t, p) for p in REGISTRY.primitives for t in p.targets
+               if not t.startswith(("aten.", "torch.", "method:", "module:torch.")) and t.removeprefix("module:").split(".")[0] not in sys.stdlib_module_names]
+    assert any(t.startswith("torchvision.") for t, _ in library)
+    for target, primitive in library:
+        kind, obj = resolve(target)
+        assert f"{'module:' if kind == 'module' else ''}{obj.__module__}.{obj.__qualname__}" == target
+        assert REGISTRY.lookup("call_module" if kind == "module" else "call_function", obj) is primitive, target
+
+
+def test_building_the_registry_does_not_import_torchvision():
+    code = ("import sys; from qlint.registry import default; r = default(); assert 'torchvision' not in sys.modules; "
+            "import torchvision; from torchvision.ops import stochastic_depth as sd; "
+            "print(len(r.deferred), r.lookup('call_function', sd).id)")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    count, found = done.stdout.split()
+    assert int(count) > 0 and found == REGISTRY.lookup("call_function", resolve("torchvision.ops.stochastic_depth.stochastic_depth")[1]).id
+
+
+def test_a_look_alike_of_a_deferred_target_is_unknown():
+    def stochastic_depth(input, p, mode, training=True):
+        return input * 1e3
+
+    stochastic_depth.__module__ = "torchvision.ops.stochastic_depth"
+    assert REGISTRY.lookup("call_function", stochastic_depth) is None
 
 
 def test_every_op_has_a_spelling_in_this_torch():
@@ -182,6 +215,13 @@ def test_transfer_laws(label, overload):
     info = facts(node)
     assert info.primitive is not None, label
     base = {p: Growth(1.0) for p in placeholders}
+    arguments = {name: fx.node.map_arg(v, lambda n: base[n]) for name, v in info.bound.arguments.items()}
+    try:
+        raw = info.primitive.transfer(Call(node, arguments, info.bound.defaults), info.primitive)
+    except (TypeError, ValueError, KeyError, IndexError, AttributeError, ZeroDivisionError, OverflowError):
+        raw = None
+    if raw is not None:
+        assert structure_mismatch(raw, node, info.primitive) is None, f"{label}: {structure_mismatch(raw, node, info.primitive)}"
     value, call = run_transfer(node, info, base, training=False)
     q = _q(value)
     read = call.read | info.primitive.meta_args

@@ -33,6 +33,7 @@ from pathlib import Path
 from typing import Any, Iterable
 
 from qlint._version import __version__
+from qlint.ci.files import WriteError, write_text
 from qlint.ci.identity import Key, finding_key, model_class, normalize_message, normalize_model_spec, position
 from qlint.core.errors import QlintError
 from qlint.core.results import Finding, ModelReport, Report
@@ -62,10 +63,10 @@ def _entries(pairs: Iterable[tuple[ModelReport, Finding]], root: Path) -> list[d
 
 def _write(path: Path, entries: list[dict[str, Any]]) -> int:
     data = {"qlint_baseline": FORMAT_VERSION, "qlint_version": __version__, "findings": entries}
-    try:
-        path.write_text(json.dumps(data, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
-    except OSError as exc:
-        raise BaselineError(f"cannot write baseline {path}: {exc.strerror or exc}") from None
+    try:  # whole or not at all: a failed rewrite leaves the committed baseline as it was
+        write_text(path, json.dumps(data, indent=2, ensure_ascii=False) + "\n")
+    except WriteError as exc:
+        raise BaselineError(str(exc).replace("cannot write ", "cannot write baseline ", 1)) from None
     return sum(e["count"] for e in entries)
 
 

@@ -33,7 +33,13 @@ the baseline are applied afresh on every run. A model that failed is never store
 tracked: environment variables other than ``PYTHONPATH``, and files read without ``open``
 other than weight files next to an opened file (a subprocess's reads); ``--no-cache`` is
 the escape hatch. The cache only writes into, and ``qlint clean`` only removes, a folder
-marked by qlint's ``CACHEDIR.TAG`` (or a new one).
+marked by qlint's ``CACHEDIR.TAG`` (or a new one); a folder holding only what qlint writes
+there gets a damaged or missing tag back, and :meth:`ResultCache.problem` says why any other
+folder is not used (the run prints it as a warning, never silently caching nothing).
+
+Nothing read back is trusted: an entry that does not unpickle, or unpickles to anything but
+an entry of this format, is a miss (``ResultCache.why`` says which; ``qlint -v`` prints it).
+Entries are written whole (:mod:`qlint.ci.files`).
 """
 
 from __future__ import annotations
@@ -46,13 +52,13 @@ import os
 import pickle
 import shutil
 import sys
-import tempfile
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any, Optional
 
 from qlint._version import DISTRIBUTION, __version__
+from qlint.ci.files import WriteError, write_bytes, write_text
 from qlint.core.errors import QlintError
 from qlint.core.results import ModelReport
 
@@ -67,6 +73,7 @@ FILE, FOLDER, MODULES = "file", "folder", "modules"
 _IMPORTABLE = tuple(importlib.machinery.all_suffixes())
 
 _WEIGHTS = (".safetensors", ".bin", ".pt", ".pth", ".ckpt", ".npz", ".npy", ".h5", ".gguf", ".msgpack")
+_GITIGNORE = "# Automatically created by qlint.\n*\n"
 _TAG = "Signature: 8a477f597d28d172789f06886806bc55\n# This file is a cache directory tag created by qlint.\n"
 _recorded: set[tuple[str, str]] = set()  # (kind, path) since this module was imported
 _first_stat: dict[str, Optional[tuple]] = {}  # a file's stat when it was first opened
@@ -214,6 +221,7 @@ class ResultCache:
         self.directory = Path(directory)
         self.hits = 0
         self.misses = 0
+        self.why = ""  # why the last lookup missed
 
     def key(self, spec: str, options: dict[str, Any]) -> str:
         """The hex key of one model's analysis with these options."""
@@ -230,18 +238,52 @@ class ResultCache:
         return hashlib.sha256(json.dumps(parts, sort_keys=True, default=repr).encode()).hexdigest()
 
     def lookup(self, key: str) -> Optional[ModelReport]:
-        """The stored report when every file it was built from is unchanged, else None."""
+        """The stored report when every file it was built from is unchanged, else None.
+
+        Nothing in the folder is trusted: an entry that cannot be read, or that unpickles to
+        anything but an entry of this format (another type, a report of another shape, a
+        malformed file state), is a miss like a changed file. ``self.why`` says why the last
+        lookup missed (``""`` on a hit, ``"no entry"`` when there was none)."""
+        self.why = ""
+        name = self._entry(key).name
         try:
             with open(self._entry(key), "rb") as handle:
                 entry = pickle.load(handle)
-        except (OSError, EOFError, pickle.UnpicklingError, AttributeError, ImportError, TypeError, ValueError):
-            self.misses += 1
-            return None
-        if entry.get("format") != FORMAT or not all(state.unchanged(entry["written_at"]) for state in entry["files"]):
-            self.misses += 1
-            return None
+        except FileNotFoundError:
+            return self._miss("no entry")
+        except Exception as exc:  # noqa: BLE001  (truncated, another pickle, a class that moved: a miss)
+            return self._miss(f"cache entry {name} unreadable ({type(exc).__name__}), analysing again")
+        problem = _invalid(entry)
+        if problem:
+            return self._miss(f"cache entry {name} ignored ({problem}), analysing again")
+        try:
+            changed = next((state.path for state in entry["files"] if not state.unchanged(entry["written_at"])), None)
+        except Exception as exc:  # noqa: BLE001
+            return self._miss(f"cache entry {name} ignored (its file states do not read: {type(exc).__name__}), analysing again")
+        if changed is not None:
+            return self._miss(f"{changed} changed")
         self.hits += 1
         return entry["report"]
+
+    def _miss(self, why: str) -> None:
+        self.misses += 1
+        self.why = why
+        return None
+
+    def problem(self) -> Optional[str]:
+        """Why this folder will not take entries (checked before the analysis, so the run can say
+        so), or None when it will. A folder qlint made whose ``CACHEDIR.TAG`` was damaged is
+        repaired when an entry is stored, not refused."""
+        folder = self.directory
+        if folder.exists() and not folder.is_dir():
+            return f"{folder} is not a folder"
+        if folder.is_dir() and not self.is_ours() and any(folder.iterdir()) and not self._is_repairable():
+            return (f"{folder} is not a qlint cache (it holds other files and no CACHEDIR.TAG written by qlint): "
+                    "remove it or choose another --cache-dir")
+        probe = folder if folder.is_dir() else next((p for p in folder.parents if p.is_dir()), None)
+        if probe is not None and not os.access(probe, os.W_OK | os.X_OK):
+            return f"{probe} is not writable"
+        return None
 
     def store(self, key: str, report: ModelReport, files: list[tuple[str, str]]) -> bool:
         """Record ``report`` with the state of ``files``; False (nothing stored) when a file changed
@@ -253,10 +295,8 @@ class ResultCache:
         entry = {"format": FORMAT, "written_at": time.time(), "report": report,
                  "files": [FileState.now(kind, path) for kind, path in files]}
         try:
-            with tempfile.NamedTemporaryFile("wb", dir=self.directory / "entries", delete=False) as handle:
-                pickle.dump(entry, handle, protocol=pickle.HIGHEST_PROTOCOL)
-            os.replace(handle.name, self._entry(key))
-        except OSError:
+            write_bytes(self._entry(key), pickle.dumps(entry, protocol=pickle.HIGHEST_PROTOCOL), what="cache entry")
+        except (WriteError, pickle.PicklingError, TypeError, AttributeError):
             return False
         return True
 
@@ -272,7 +312,7 @@ class ResultCache:
         that is not a qlint cache (``--cache-dir src`` must not delete the sources)."""
         if not self.directory.exists():
             return 0
-        if not self.is_ours():
+        if not self.is_ours() and not self._is_repairable():
             raise CacheError(f"refusing to remove {self.directory}: it is not a qlint cache (no CACHEDIR.TAG written by qlint)")
         count = len(list((self.directory / "entries").glob("*.pickle")))
         shutil.rmtree(self.directory)
@@ -283,17 +323,71 @@ class ResultCache:
 
     def _prepare(self) -> bool:
         """The folder, marked as a cache for git (``.gitignore``) and backup tools (``CACHEDIR.TAG``);
-        False for an existing folder with other content (qlint writes no ``.gitignore`` there)."""
-        if self.directory.exists() and not self.is_ours() and any(self.directory.iterdir()):
+        False for an existing folder with other content (qlint writes no ``.gitignore`` there).
+        A folder qlint made (only its own names in it) whose tag was damaged gets the tag back."""
+        if self.directory.exists() and not self.is_ours() and any(self.directory.iterdir()) and not self._is_repairable():
             return False
         try:
             (self.directory / "entries").mkdir(parents=True, exist_ok=True)
             if not self.is_ours():
-                (self.directory / ".gitignore").write_text("# Automatically created by qlint.\n*\n", encoding="utf-8")
-                (self.directory / "CACHEDIR.TAG").write_text(_TAG, encoding="utf-8")
-        except OSError:
+                write_text(self.directory / ".gitignore", _GITIGNORE)
+                write_text(self.directory / "CACHEDIR.TAG", _TAG)
+        except (OSError, WriteError):
             return False
         return True
+
+    def _is_repairable(self) -> bool:
+        """A folder holding nothing but what qlint writes there (its ``.gitignore``, entries, a
+        ``CACHEDIR.TAG`` that is not another tool's whole tag): its tag was lost or damaged
+        (truncated, edited), so it is written again rather than caching being silently off."""
+        try:
+            names = {p.name for p in self.directory.iterdir()}
+        except OSError:
+            return False
+        if not names or not names <= {".gitignore", "CACHEDIR.TAG", "entries"}:
+            return False
+        try:
+            tag = (self.directory / "CACHEDIR.TAG").read_text(encoding="utf-8", errors="replace")
+        except OSError:
+            tag = ""
+        if tag.startswith(_TAG.splitlines()[0]) and "qlint" not in tag:
+            return False  # a whole tag another tool wrote (a damaged one is a prefix of ours, or garbage)
+        if ".gitignore" in names:
+            try:
+                if (self.directory / ".gitignore").read_text(encoding="utf-8") != _GITIGNORE:
+                    return False  # someone's own .gitignore: not ours to overwrite
+            except (OSError, UnicodeDecodeError):
+                return False
+        entries = self.directory / "entries"
+        try:
+            return not entries.exists() or (entries.is_dir() and all(p.name.endswith((".pickle", ".tmp")) for p in entries.iterdir()))
+        except OSError:
+            return False
+
+
+def _invalid(entry: Any) -> str:
+    """What is wrong with an unpickled entry ("" when it is one of this format)."""
+    if not isinstance(entry, dict):
+        return f"it holds {type(entry).__name__}, not a cache entry"
+    if entry.get("format") != FORMAT:
+        return f"format {entry.get('format')!r}, this qlint writes {FORMAT}"
+    written_at, files, report = entry.get("written_at"), entry.get("files"), entry.get("report")
+    if isinstance(written_at, bool) or not isinstance(written_at, (int, float)) or written_at != written_at:
+        return "no valid time of writing"
+    if not isinstance(files, list) or not all(_valid_state(state) for state in files):
+        return "malformed file states"
+    if not isinstance(report, ModelReport):
+        return f"it holds {type(report).__name__}, not a model report"
+    if not all(hasattr(report, f.name) for f in fields(ModelReport)) or report.failure is not None:
+        return "a report of another shape"
+    return ""
+
+
+def _valid_state(state: Any) -> bool:
+    return (isinstance(state, FileState) and state.kind in (FILE, FOLDER, MODULES) and isinstance(state.path, str)
+            and (state.stat is None or (isinstance(state.stat, tuple) and len(state.stat) == 4
+                                        and all(isinstance(v, int) for v in state.stat)))
+            and (state.digest is None or isinstance(state.digest, str)))
 
 
 def _inside(path: str, folder: Path) -> bool:

@@ -165,6 +165,8 @@ class Config:
     cli: ModelOverride = field(default_factory=ModelOverride)
     cache_dir: Optional[Path] = None  # None: ROOT/.qlint_cache
     use_cache: bool = True
+    witness: bool = True  # measure what is certified first (qlint.probe.block_witness)
+    witness_budget: float = 10.0  # seconds per model
 
     def describe(self) -> str:
         """The effective settings as ``--show-settings`` prints them (ruff's ``--show-settings``)."""
@@ -188,6 +190,7 @@ class Config:
             ("per-model", ", ".join(self.per_model) or "none"),
             ("primitives", ", ".join(f"{k} (q = {q:g})" for k, (q, _) in self.primitives.items()) or "none"),
             ("cache", str(self.cache_path()) if self.use_cache else "off"),
+            ("witness", f"on, {self.witness_budget:g} s per model" if self.witness else "off"),
         ]
         width = max(len(name) for name, _ in rows)
         return "\n".join(f"{name:<{width}}  {value}" for name, value in rows)
@@ -263,6 +266,8 @@ class Config:
         baseline: Optional[str | os.PathLike[str]] = None,
         no_cache: Optional[bool] = None,
         cache_dir: Optional[str | os.PathLike[str]] = None,
+        witness: Optional[bool] = None,
+        witness_budget: Optional[float] = None,
     ) -> Config:
         """A copy with command-line flags applied on top (None / empty = not given).
 
@@ -298,6 +303,8 @@ class Config:
             ),
             baseline=self.baseline if baseline is None else Path(baseline),
             cli=cli,
+            witness=self.witness if witness is None else bool(witness),
+            witness_budget=self.witness_budget if witness_budget is None else _seconds(witness_budget, "--witness-budget"),
             use_cache=not (no_cache if no_cache is not None else _env_flag("QLINT_NO_CACHE")),
             cache_dir=Path(cache_dir or os.environ["QLINT_CACHE_DIR"]).resolve()
             if cache_dir or os.environ.get("QLINT_CACHE_DIR") else self.cache_dir,
@@ -321,21 +328,33 @@ def find_config_file(start: Path) -> Optional[Path]:
         for name in CONFIG_FILES:
             candidate = folder / name
             if not candidate.is_file():
+                if candidate.is_symlink() or candidate.exists():  # a folder, a dangling link: never skipped silently
+                    raise ConfigError(not_a_file(candidate))
                 continue
             if name != "pyproject.toml" or _has_tool_qlint(candidate):
                 return candidate
     return None
 
 
+def not_a_file(path: Path) -> str:
+    """Why a configuration path that exists in some form cannot be read as a file (one line)."""
+    hint = "fix or remove it, name the file with --config PATH, or ignore every file with --isolated"
+    if path.is_symlink() and not path.exists():
+        return f"{path} is a broken symbolic link (to {os.readlink(path)}): {hint}"
+    if path.is_dir():
+        return f"{path} is a folder, not a configuration file: {hint}"
+    return f"{path} is not a regular file: {hint}"
+
+
 def _has_tool_qlint(path: Path) -> bool:
     try:
-        data = tomllib.loads(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError):
-        # A broken pyproject.toml that mentions us is still ours to complain about.
-        try:
-            return "[tool.qlint" in path.read_text(encoding="utf-8", errors="replace")
-        except OSError:
-            return False
+        text = path.read_text(encoding="utf-8", errors="replace")
+    except OSError as exc:  # unreadable: an error, not a file silently passed over
+        raise ConfigError(f"{path}: cannot read ({exc.strerror or exc})") from None
+    try:
+        data = tomllib.loads(text)
+    except tomllib.TOMLDecodeError:
+        return "[tool.qlint" in text  # a broken pyproject.toml that mentions us is still ours to complain about
     return isinstance(data.get("tool"), dict) and "qlint" in data["tool"]
 
 
@@ -357,7 +376,7 @@ def load_config(
     if config_path is not None:
         path = Path(config_path)
         if not path.is_file():
-            raise ConfigError(f"config file not found: {path}")
+            raise ConfigError(not_a_file(path) if path.is_symlink() or path.exists() else f"config file not found: {path}")
     elif not isolated:
         path = find_config_file(start)
 
@@ -365,14 +384,28 @@ def load_config(
     prefix = ""
     if path is not None:
         table, prefix = _extended_table(path, seen=())
+    root = path.resolve().parent if path is not None else start.resolve()
     for snippet in overrides:
         try:
             extra = tomllib.loads(snippet)
         except tomllib.TOMLDecodeError as exc:
             raise ConfigError(f"--config {snippet!r}: not a TOML 'key = value' ({exc})") from None
+        try:  # an override is checked on its own, so its mistake is blamed on it, not on the file
+            parse_config(extra, root=root)
+        except ConfigError as exc:
+            raise ConfigError(f"--config {snippet!r}: {exc}") from None
         table = _deep_merge(table, extra)
-    root = path.resolve().parent if path is not None else start.resolve()
-    return parse_config(table, root=root, path=path, prefix=prefix)
+    try:
+        return parse_config(table, root=root, path=path, prefix=prefix)
+    except ConfigError as exc:
+        if not overrides or path is None:
+            raise
+        try:
+            parse_config(_extended_table(path, seen=())[0], root=root, path=path, prefix=prefix)
+        except ConfigError:
+            raise exc from None  # the file's own mistake
+        shown = ", ".join(repr(snippet) for snippet in overrides)
+        raise ConfigError(f"{exc} (with the inline override --config {shown})") from None
 
 
 def _read_table(path: Path) -> tuple[dict[str, Any], str]:
@@ -445,7 +478,7 @@ def _deep_merge(base: dict[str, Any], extra: Mapping[str, Any]) -> dict[str, Any
 TOP_KEYS = (
     "models", "select", "extend-select", "ignore", "fail-on", "threshold", "mode",
     "tracer", "device", "input-dtype", "input-shapes", "output-format", "baseline",
-    "per-block-ignores", "per-model-ignores", "per-model", "primitives", "cache-dir",
+    "per-block-ignores", "per-model-ignores", "per-model", "primitives", "cache-dir", "witness", "witness-budget",
 )  # fmt: skip  (and `extend`, read before validation)
 MODEL_KEYS = ("input-shapes", "input-dtype", "device", "mode", "tracer", "threshold")
 
@@ -497,6 +530,12 @@ def parse_config(
         cfg.baseline = root / _nonempty_str(get("baseline"), key("baseline"))
     if "cache-dir" in table:
         cfg.cache_dir = (root / _nonempty_str(get("cache-dir"), key("cache-dir"))).resolve()
+    if "witness" in table:
+        if not isinstance(get("witness"), bool):
+            raise fail(f"{key('witness')} must be true or false (got {_type_name(get('witness'))})")
+        cfg.witness = get("witness")
+    if "witness-budget" in table:
+        cfg.witness_budget = _seconds(get("witness-budget"), key("witness-budget"))
 
     if "per-block-ignores" in table:
         raw = get("per-block-ignores")
@@ -636,6 +675,12 @@ def _choice(value: Any, choices: Sequence[str], key: str) -> str:
 def _threshold(value: Any, key: str) -> float:
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0:
         raise ConfigError(f"{key} must be a finite number >= 0 (got {value!r})")
+    return float(value)
+
+
+def _seconds(value: Any, key: str) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0:
+        raise ConfigError(f"{key} must be a number of seconds >= 0 (got {value!r})")
     return float(value)
 
 

@@ -23,6 +23,7 @@ import sys
 from collections import Counter
 from pathlib import Path
 from typing import IO, Any, Optional
+from urllib.parse import quote
 
 from qlint._version import DISTRIBUTION, __version__
 from qlint.ci.config import FORMATS
@@ -60,8 +61,11 @@ SARIF_SUPPRESSION = {"noqa": "inSource", "per-block-ignores": "external", "per-m
 
 
 def display_path(file: str) -> str:
-    """A path as shown to people: relative to the cwd when inside it."""
-    return relative_path(file, Path.cwd().resolve()) or file
+    """A path as shown to people: an installed library's file relative to its distribution's
+    folder, else relative to the cwd when inside it (:func:`qlint.ci.render.display_path`)."""
+    from qlint.ci.render import display_path as shown  # render never imports this module
+
+    return shown(file)
 
 
 def _rules() -> dict[str, Any]:
@@ -350,10 +354,16 @@ def _fallback_file(spec: str) -> Optional[str]:
     return found.origin if found is not None and found.origin not in (None, "built-in", "frozen") else None
 
 
+def artifact_uri(relative: str) -> str:
+    """A repo-relative path as a SARIF ``uri``: a URI reference (RFC 3986), so spaces, ``#``,
+    ``%`` and non-ASCII characters are percent-encoded (UTF-8) and ``/`` separates segments."""
+    return quote(relative, safe="/!$&'()*+,;=@")  # ':' too: a first segment may not hold one
+
+
 def _physical_location(file: str, line: int, root: Path) -> dict[str, Any]:
     rel = relative_path(file, root)
     if rel is not None:
-        artifact = {"uri": rel, "uriBaseId": "%SRCROOT%"}
+        artifact = {"uri": artifact_uri(rel), "uriBaseId": "%SRCROOT%"}
     else:
         artifact = {"uri": Path(file).resolve().as_uri()}
     return {"physicalLocation": {"artifactLocation": artifact, "region": {"startLine": max(1, int(line))}}}
@@ -494,12 +504,18 @@ def write_output(
     color: Optional[bool] = None,
     **options: Any,
 ) -> None:
-    """Write the report in ``fmt`` to ``output_file`` (created/overwritten) or ``stream``
-    (stdout). ``options`` go to the renderer: ``show_all_derivations`` and ``width`` (full),
+    """Write the report in ``fmt`` to ``output_file`` (replaced whole: a temporary file renamed
+    over it; a failure raises :class:`~qlint.ci.files.WriteError` naming the file and leaves the
+    old one) or ``stream`` (stdout). ``options`` go to the renderer: ``show_all_derivations`` and ``width`` (full),
     ``summary`` (concise)."""
-    if output_file is not None:
-        with open(output_file, "w", encoding="utf-8", newline="\n") as handle:
-            write_output(report, fmt, statistics=statistics, stream=handle, color=False, **options)
+    if output_file is not None:  # rendered whole, then written whole (qlint.ci.files): never half a report
+        from io import StringIO
+
+        from qlint.ci.files import write_text
+
+        buffer = StringIO(newline="\n")
+        write_output(report, fmt, statistics=statistics, stream=buffer, color=False, **options)
+        write_text(output_file, buffer.getvalue(), what=f"the {fmt} report")
         return
     stream = stream if stream is not None else sys.stdout
     if fmt == "full" and not statistics:

@@ -2,16 +2,19 @@
 
 from __future__ import annotations
 
+import functools
 import io
 import linecache
 import os
 import sys
+from pathlib import Path
 from typing import Any, Optional
 
 from rich.console import Console, Group
 from rich.table import Table
 from rich.text import Text
 
+from qlint.ci.identity import relative_path
 from qlint.core.algebra import format_q
 from qlint.core.results import Block, DerivationStep, ModelReport, Report, Source
 
@@ -24,6 +27,55 @@ def source_text(step_source) -> str:
     if step_source is None:
         return ""
     return linecache.getline(step_source.file, step_source.line).strip()
+
+
+def display_path(file: str) -> str:
+    """A path as shown to people: an installed library's file relative to the folder its
+    distribution is installed in (``transformers/models/gpt2/modeling_gpt2.py``, also from a
+    virtual environment inside the cwd), else relative to the cwd when inside it."""
+    return library_path(file) or relative_path(file, Path.cwd().resolve()) or file
+
+
+def library_path(file: str) -> Optional[str]:
+    """``file`` relative to the site-packages (or dist-packages, or standard library) folder
+    that holds it, with forward slashes; None when no such folder does."""
+    path = Path(os.path.normpath(Path.cwd() / file))
+    for candidate in dict.fromkeys((path, path.resolve())):  # lib64 -> lib and other symlinks
+        for root in _library_roots():
+            if candidate.is_relative_to(root):
+                return candidate.relative_to(root).as_posix()
+    return None
+
+
+@functools.lru_cache(maxsize=1)
+def _library_roots() -> tuple[Path, ...]:
+    """Where installed distributions live: site-packages / dist-packages (the interpreter's, the
+    user's, any on sys.path) and the standard library, the deepest first (a system Python's
+    site-packages lies inside its standard library folder)."""
+    import site
+    import sysconfig
+
+    found: list[str] = []
+    try:
+        found += site.getsitepackages()
+    except AttributeError:  # an old virtualenv's site module
+        pass
+    try:
+        found.append(site.getusersitepackages())
+    except AttributeError:
+        pass
+    paths = sysconfig.get_paths()
+    found += [paths[key] for key in ("purelib", "platlib", "stdlib", "platstdlib") if key in paths]
+    found += [entry for entry in sys.path if entry and Path(entry).name in ("site-packages", "dist-packages")]
+    roots = {Path(os.path.normpath(os.path.abspath(p))) for p in found if p}
+    roots |= {root.resolve() for root in roots}
+    return tuple(sorted(roots, key=lambda p: len(p.parts), reverse=True))
+
+
+def shown_source(source: Optional[Source]) -> str:
+    """``file:line`` as the text report shows it: a library's file relative to its distribution
+    (``transformers/models/gpt2/modeling_gpt2.py:310``), the user's relative to the cwd."""
+    return f"{display_path(source.file)}:{source.line}" if source is not None else ""
 
 
 def block_table(model: ModelReport) -> Table:
@@ -40,7 +92,7 @@ def block_table(model: ModelReport) -> Table:
             format_q(block.q),
             Text(status, style=STATUS_STYLE[block.status]),
             block.dominant,
-            str(block.source or ""),
+            shown_source(block.source),
         )
     return fit_cells(table)
 
@@ -58,7 +110,7 @@ def derivation_text(block: Block) -> Text:
         text.append("\n")
         code = source_text(step.source)
         if step.source:
-            text.append(f"         {step.source}", style="dim")
+            text.append(f"         {shown_source(step.source)}", style="dim")
             text.append(f"  {code}\n" if code else "\n")
     return text
 
@@ -73,7 +125,7 @@ def remedies_text(block: Block) -> Text:
     text.append(f"remedies for {block.name} (each re-checked on the changed graph):\n", style="bold")
     for remedy in remedies:
         source = remedy["source"]
-        where = f" @ {source['file']}:{source['line']}" if source else ""
+        where = f" @ {shown_source(Source(source['file'], source['line']))}" if source else ""
         text.append(f"  remedy ({remedy['kind']}) → q = {format_q(remedy['q_after'])}, +{remedy['new_params']} params: ", style="bold")
         text.append(f"{remedy['sketch']}{where}\n")
         code = source_text(Source(source["file"], source["line"])) if source else ""
@@ -112,10 +164,12 @@ def model_renderable(model: ModelReport, *, show_all_derivations: bool = False) 
             parts.append(remedies_text(block) if first == block.name else Text(f"remedies of {block.name}: same as {first}\n", style="dim"))
     for finding in model.findings:
         line = Text()
-        line.append(f"{finding.source or model.spec}: ", style="bold")
+        line.append(f"{shown_source(finding.source) or model.spec}: ", style="bold")
         line.append(f"{finding.code} ", style=SEVERITY_STYLE[finding.severity])
         line.append(finding.message)
         parts.append(line)
+    if "the certificate holds for" in model.extra.get("shapes", ""):  # a certificate scoped to the shapes analysed
+        parts.append(Text(f"shapes: {model.extra['shapes']}", style="yellow"))
     summary = model.verdict
     q = "?" if model.max_q is None and any(b.q is None for b in model.blocks) else format_q(model.max_q)
     share = f", share of q = 1 blocks {model.share_q1:.0%}" if model.share_q1 is not None else ""

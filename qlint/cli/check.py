@@ -4,8 +4,11 @@ Settings come from ``[tool.qlint]`` (see docs/ci.md) with the command-line flags
 top; a bare ``qlint`` checks the configured ``models``. Findings then go through rule
 selection, ``per-block-ignores`` and ``# qlint: noqa`` comments, and the baseline.
 Exit codes: 0 when no remaining finding reaches ``--fail-on`` (or ``--exit-zero``,
-or ``--write-baseline``), 1 when one does, 2 when qlint could not run or could
-not analyse a model (every other model is still analysed and reported).
+or ``--write-baseline``), 1 when one does (also when another model could not be
+analysed: that one is reported as failed), 2 when qlint could not run, or could not
+analyse a model and no finding fails the run. Every other model is still analysed and
+reported; the models run in supervised worker processes, so nothing a model's code does
+(``sys.exit``, ``os._exit``, a crash, a print) changes this.
 """
 
 from __future__ import annotations
@@ -77,6 +80,10 @@ def _codes(values: tuple[str, ...]) -> Optional[list[str]]:
 @click.option("--no-cache", is_flag=True, default=None, help="Neither read nor write the result cache (also QLINT_NO_CACHE=1).")
 @click.option("--cache-dir", type=click.Path(file_okay=False), default=None,
               help="Keep the result cache here (default: .qlint_cache at the project root; also QLINT_CACHE_DIR).")
+@click.option("--no-witness", "no_witness", is_flag=True, default=None,
+              help="Do not measure the certified blocks and the model before certifying them (the witness, QL107).")
+@click.option("--witness-budget", type=click.FloatRange(min=0), default=None, metavar="SECONDS",
+              help="Seconds the witness may spend on one model (default: 10).")
 @click.option("--traceback", "show_traceback", is_flag=True, help="Show the Python traceback of a failure.")
 def command(
     specs: tuple[str, ...],
@@ -111,6 +118,8 @@ def command(
     jobs: int,
     no_cache: Optional[bool],
     cache_dir: Optional[str],
+    no_witness: Optional[bool],
+    witness_budget: Optional[float],
     show_traceback: bool,
 ) -> None:
     """Trace each SPEC (path/model.py:build_model or pkg.module:attr) and certify its blocks.
@@ -125,11 +134,14 @@ def command(
             fail_on=fail_on, threshold=threshold, mode=mode, tracer=tracer, device=device,
             input_dtype=input_dtype, input_shapes=list(input_shapes) or None,
             output_format=output_format, baseline=baseline, no_cache=no_cache, cache_dir=cache_dir,
+            witness=None if no_witness is None else not no_witness, witness_budget=witness_budget,
         )  # fmt: skip
         if show_settings:
             click.echo(config.describe())
             sys.exit(0)
-        report = _analyse(config, remedies=show_remedies, show_traceback=show_traceback, jobs=jobs or os.cpu_count() or 1)
+        _check_writable(output_file, outputs, write_baseline, config.output_format)  # before the analysis, not after
+        report = _analyse(config, remedies=show_remedies, show_traceback=show_traceback, verbose=verbose,
+                          jobs=jobs or os.cpu_count() or 1)
         if verbose:
             for model in report.models:
                 tried = "; ".join(model.extra.get("trace_attempts", [])) or "none before it"
@@ -165,15 +177,16 @@ def command(
         if output_file is not None or (outputs and config.output_format != "full"):
             written = ", ".join(f"{fmt} to {path}" for fmt, path in [(config.output_format, output_file), *outputs] if path)
             click.echo(f"qlint: {summary_line(report)} Wrote {written}.", err=True)
+    failing = not exit_zero and write_baseline is None and any(config.fails(f.severity) for f in report.findings)
     if report.failures:
         for model in report.failures:
             click.echo(f"qlint: error: {model.failure_line()}", err=True)
         if write_baseline is not None:
             click.echo(f"qlint: error: {write_baseline} not written: a baseline of a run where a model failed would drop its entries", err=True)
-        sys.exit(2)
-    if exit_zero or write_baseline is not None:
-        sys.exit(0)
-    sys.exit(1 if any(config.fails(f.severity) for f in report.findings) else 0)
+        sys.exit(1 if failing else 2)  # findings that fail the run decide; else a model not analysed is exit 2
+    if failing:
+        sys.exit(1)
+    sys.exit(0)
 
 
 def _apply_baseline(report: Any, path: Path, *, prune: bool) -> Any:
@@ -224,9 +237,33 @@ def _is_inline(arg: str) -> bool:
     return "=" in arg and not Path(arg).is_file()
 
 
-def _analyse(config: Any, *, remedies: bool, show_traceback: bool, jobs: int) -> Any:
-    """Every model, each failure kept in the report (and its traceback printed with --traceback)."""
+def _check_writable(output_file: Optional[str], outputs: list[tuple[str, str]], write_baseline: Optional[str],
+                    output_format: str) -> None:
+    """Every file the run will write, checked before any model is analysed: parent folders are
+    created (as ruff does), a folder or an unwritable place is an error naming the path."""
+    from qlint.ci.files import prepare_output
+
+    if output_file is not None:
+        prepare_output(output_file, what=f"the {output_format} report")
+    for fmt, path in outputs:
+        prepare_output(path, what=f"the {fmt} report")
+    if write_baseline is not None:
+        prepare_output(write_baseline, what="baseline")
+
+
+def _analyse(config: Any, *, remedies: bool, show_traceback: bool, verbose: bool, jobs: int) -> Any:
+    """Every model, each failure kept in the report (and its traceback printed with --traceback).
+
+    The models run in supervised worker processes (``-j 1``: one), never in this process,
+    which owns stdout and the exit code: a model that exits, prints or dies is reported as that
+    model's failure, the same under every ``-j``."""
     from qlint.api import analyse_configured
+
+    def note(level: str, text: str) -> None:
+        if level == "warning":
+            click.echo(f"qlint: warning: {text}", err=True)
+        elif verbose:
+            click.echo(f"qlint: {text}", err=True)
 
     def print_traceback(spec: str, exc: BaseException) -> None:
         if not show_traceback:
@@ -236,7 +273,13 @@ def _analyse(config: Any, *, remedies: bool, show_traceback: bool, jobs: int) ->
         else:
             traceback.print_exception(type(exc), exc, exc.__traceback__)
 
-    return analyse_configured(config, remedies=remedies, jobs=jobs, on_failure=print_traceback)
+    report = analyse_configured(config, remedies=remedies, jobs=jobs, on_failure=print_traceback, supervised=True,
+                                faulthandler=show_traceback, on_note=note)
+    if show_traceback:  # a rule that crashed is a finding; its traceback is kept in the model's extra
+        for model in report.models:
+            for error in model.extra.get("internal_errors", []):
+                click.echo(f"qlint: {model.spec}: {error['code']}: {error['message']}\n{error['traceback']}", err=True, nl=False)
+    return report
 
 
 def _write(report: Any, fmt: str, output_file: Optional[str], statistics: bool, show_derivation: bool, write_output: Any,

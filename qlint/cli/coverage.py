@@ -68,11 +68,13 @@ def command(
 
 def _coverage(spec: str, config: Any) -> Any:
     from qlint.analysis import run
-    from qlint.api import prepare
+    from qlint.api import model_code, prepare
     from qlint.coverage import model_coverage
 
-    loaded, options = prepare(config, spec)
-    return model_coverage(run(loaded.model, loaded.inputs, spec=spec, options=options))
+    with model_code(spec):  # its prints go to stderr, its sys.exit() is an error naming it
+        loaded, options = prepare(config, spec)
+        with model_code(spec, "tracing the model (running its forward)"):
+            return model_coverage(run(loaded.model, loaded.inputs, spec=spec, options=options))
 
 
 def _print(coverages: list[Any], width: Optional[int]) -> None:

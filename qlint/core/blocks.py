@@ -25,11 +25,11 @@ per-block analysis and reported, never certified.
 
 from __future__ import annotations
 
-import math
 from collections import Counter
 from dataclasses import dataclass, field
 from typing import Literal, Optional
 
+import networkx as nx
 import torch.fx as fx
 
 from qlint.core.graph import GraphFacts, facts, module_path, module_stack, shape_of
@@ -94,7 +94,12 @@ class Transition:
     name: str = ""
     after: list[Block] = field(default_factory=list)
     before: Optional[Block] = None
-    kind: str = "between"  # "between" blocks; "stem": from the model's input; "head": to its output
+    kind: str = "between"  # "between" blocks; "stem": from the model's inputs; "head": to an output; "readout", "condition"
+    exits: list[fx.Node] = field(default_factory=list)  # the values that leave it (the target, unless a stretch has several)
+
+    def __post_init__(self) -> None:
+        if not self.exits:
+            self.exits = [self.target]
 
 
 @dataclass
@@ -131,6 +136,9 @@ def join_terms(node: fx.Node, graph: GraphFacts) -> Optional[list[Term]]:
     stacked = _stack_sum(node, graph)
     if stacked is not None:
         return stacked
+    if op_name(node) in ("cat", "concat", "concatenate"):
+        parts = _arg(node, "tensors") or []
+        return [Term(p, 1.0, ((node, "tensors"),), p) for p in parts if isinstance(p, fx.Node) and p in graph.data]
     if "sum" not in facts(node).family:
         return None
     return _terms(node, graph, 1.0, ())
@@ -303,6 +311,8 @@ def _as_block(join: fx.Node, graph: GraphFacts) -> Optional[Block]:
     terms = join_terms(join, graph) if "qlint" in join.meta else None
     if not terms or len(terms) < 2:
         return None
+    # cat([X_k, g(X_k)]) = [X_k; 0] + [0; g(X_k)]: an update of the augmented state (DenseNet, Next-ViT)
+    concatenated = op_name(join) in ("cat", "concat", "concatenate")
     join_shape = shape_of(join)
     best: Optional[tuple[int, int, Term, fx.Node]] = None
     for term in terms:
@@ -310,7 +320,7 @@ def _as_block(join: fx.Node, graph: GraphFacts) -> Optional[Block]:
         if stream not in graph.data:
             continue
         stream_shape = shape_of(stream)
-        if join_shape is not None and stream_shape is not None and stream_shape != join_shape:
+        if join_shape is not None and stream_shape is not None and stream_shape != join_shape and not concatenated:
             continue  # a term broadcast up to the join is a bias, not X_k
         others = [t for t in terms if t is not term]
         dependent = [t for t in others if graph.depends_on(t.node, stream)]
@@ -323,23 +333,25 @@ def _as_block(join: fx.Node, graph: GraphFacts) -> Optional[Block]:
         return _gated(join, terms, graph)
     _, _, skip, stream = best
     velocity = [t for t in terms if t is not skip]
-    if facts(join).op in ("add", "sub", "rsub") and join_shape is not None and _centring(velocity, stream, join_shape, graph):
+    if facts(join).op in ("add", "sub", "rsub") and _centring(velocity, stream, graph):
         return None  # x - mean(x): the numerator of a normalisation (RevIN) or a decomposition, not a residual branch
     repeated = any(carried(t.node) is stream for t in velocity)
+    if concatenated:
+        if all(_derived(t.node, {stream}, graph, linear=False) for t in velocity):
+            return None  # padding by copies or averages of X_k (Autoformer's edges): no branch computes anything
+        return Block(join=join, stream=stream, skip=skip, terms=velocity, form="scaled" if repeated else "additive")
     exact = facts(join).op in _EXACT and skip.coefficient == 1.0 and not repeated and all(
         facts(node).op in _EXACT or facts(node).op in ("neg", "mul", "div") for node, _ in skip.path)
     return Block(join=join, stream=stream, skip=skip, terms=velocity, form="additive" if exact else "scaled")
 
 
-def _centring(velocity: list[Term], stream: fx.Node, shape: tuple, graph: GraphFacts) -> bool:
-    """Every velocity term is a statistic of X_k: broadcast back over it (fewer entries than
-    the join: x - mean(x), RevIN's x - loc, the numerator of a normalisation), or an average
-    of X_k alone spread back to its shape (Autoformer's series decomposition x - avg_pool(pad(x)),
-    its layer norm's x - mean_t(x).repeat(...)). A residual branch computes something new
-    from X_k: it has the stream's shape and more than averages and copies of it."""
-    shapes = [shape_of(t.node) for t in velocity]
-    if bool(shapes) and all(s is not None and s != shape and math.prod(s) < math.prod(shape) for s in shapes):
-        return True
+def _centring(velocity: list[Term], stream: fx.Node, graph: GraphFacts) -> bool:
+    """Every velocity term is proved an average of X_k itself: a mean or an average pool of X_k
+    alone, moved back to its shape (x - mean(x), RevIN's x - loc, Autoformer's series
+    decomposition x - avg_pool(pad(x)), its layer norm's x - mean_t(x).repeat(...)). Such a join
+    is linear in X_k, a centring, not a residual branch. Having fewer entries than the stream
+    proves nothing: a scalar per token computed from X_k and broadcast back (additive
+    squeeze-excite, a token-energy shift) is a velocity like any other."""
     return bool(velocity) and all(_average_of(t.node, stream, graph) for t in velocity)
 
 
@@ -476,7 +488,6 @@ def _chain(blocks: list[Block], graph: GraphFacts) -> list[Transition]:
         target_bits = bits.get(block.stream, 0) | (1 << index[block.stream])
         region = [n for n in graph.nodes if n in bits and n not in sources and (target_bits >> index[n]) & 1 and bits[n] & mask]
         transitions.append(Transition(sources=sources, target=block.stream, region=region, after=direct, before=block))
-    transitions += _ends(blocks, graph, bits, index, before)
     position = {id(b): i for i, b in enumerate(blocks)}
     chains: dict[int, set[int]] = {}
     for j, block in enumerate(blocks):
@@ -491,49 +502,115 @@ def _chain(blocks: list[Block], graph: GraphFacts) -> list[Transition]:
         block.older = [u for u in block.side if any(graph.depends_on(u, s) for s in streams)]
     for transition in transitions:
         transition.side = graph.side_inputs(transition.region, transition.sources)
-        if transition.kind == "head":
-            j = position[id(transition.after[0])]
-            streams = [blocks[j].stream] + [blocks[i].stream for i in chains[j]]
-        elif transition.kind == "stem":
-            streams = []
-        else:
-            streams = [blocks[i].stream for i in chains[position[id(transition.before)]]]
+        streams = [blocks[i].stream for i in chains[position[id(transition.before)]]]
         transition.older = [u for u in transition.side if any(graph.depends_on(u, s) for s in streams)]
-    return sorted(transitions, key=lambda t: graph.order[t.target])
+    stretches = _stretches(blocks, transitions, graph)
+    for stretch in stretches:
+        stretch.side = graph.side_inputs(stretch.region, stretch.sources)
+        if stretch.before is None:
+            continue  # a head or a readout is applied once: it may read the stream at several depths
+        read = [s for s in stretch.sources if s not in graph.inputs]
+        # the next block's input computed from a stream value and a later one computed from it:
+        # a long skip into the recursion (U-Net)
+        stretch.older = [s for s in read if any(t is not s and graph.is_ancestor(s, t) for t in read)]
+    return sorted(transitions + stretches, key=lambda t: graph.order[t.target])
 
 
-def _ends(blocks: list[Block], graph: GraphFacts, bits: dict, index: dict, before) -> list[Transition]:
-    """The stream before the first block and after the last one, when the model's input or
-    output has the stream's own shape: then the whole model is a stream map, and a stem op
-    (x -> x**2 -> blocks) or a head op (blocks -> ... -> x**2) is part of it. Embeddings,
-    projections to another width and classifier heads change the shape and are not."""
-    from qlint.core.graph import dtype_of
+SOURCE, SINK = "model inputs", "model outputs"  # the virtual ends of the dataflow graph
 
-    def region(sources: list[fx.Node], target: fx.Node) -> list[fx.Node]:
-        mask = 0
-        for s in sources:
-            mask |= 1 << index[s]
-        target_bits = bits.get(target, 0) | (1 << index[target])
-        return [n for n in graph.nodes if n in bits and n not in sources and (target_bits >> index[n]) & 1 and bits[n] & mask]
 
+def dataflow(graph: GraphFacts) -> "nx.DiGraph":
+    """The value dataflow of the traced graph as a networkx DiGraph: data nodes (values that
+    depend on a model input), parent -> child, with SOURCE -> every input and every output -> SINK."""
+    dag = nx.DiGraph()
+    dag.add_nodes_from(n for n in graph.nodes if n in graph.data)
+    dag.add_edges_from((p, n) for n, parents in graph.parents.items() for p in parents)
+    dag.add_edges_from((SOURCE, n) for n in graph.inputs)
+    dag.add_edges_from((n, SINK) for n in graph.sinks)
+    return dag
+
+
+def stream_carrying(dag: "nx.DiGraph", streams: set[fx.Node]) -> set[fx.Node]:
+    """The nodes that reach an output and are computed from a model input the stream starts from:
+    ancestors of some block input (the stem), its descendants (everything computed from the
+    stream), and whatever else is computed from such an input (an injected condition g(x), a long
+    skip from x, a step size computed from x: a value that scales with the stream's own input)."""
+    if not streams:
+        return set()
+    mark = object()
+    dag.add_edges_from((s, mark) for s in streams)
+    upstream = nx.ancestors(dag, mark)
+    dag.remove_node(mark)
+    origins = streams | {n for n in upstream if n is not SOURCE and dag.has_edge(SOURCE, n)}
+    dag.add_edges_from((mark, s) for s in origins)
+    downstream = nx.descendants(dag, mark)
+    dag.remove_node(mark)
+    reaching = nx.ancestors(dag, SINK)
+    return ((downstream | upstream | streams) & reaching) - {SOURCE, SINK}
+
+
+def _stretches(blocks: list[Block], transitions: list[Transition], graph: GraphFacts) -> list[Transition]:
+    """Every stretch of the stream that no block and no transition between blocks covers becomes a
+    transition of its own: the stem (from the model's inputs to the first block input, whatever
+    the widths), a head (to an output), a readout (the stream read into a condition, a value that
+    leaves a block besides its output), ops on a branch no chain of blocks passes.
+
+    Coverage is decided here without asking the block detector: the stream is every node on a path
+    from an input to an output that passes through a block input (:func:`stream_carrying`); what
+    no unit covers is split into weakly connected stretches, and each is analysed from its
+    boundary: the stream values it reads (block inputs and outputs, model inputs, values leaving a
+    block) are its sources, everything else it reads is a condition.
+    """
+    import networkx as nx
+
+    if not blocks:
+        return []
+    dag = dataflow(graph)
+    streams = {b.stream for b in blocks}
+    carrying = stream_carrying(dag, streams)
+    covered = set(graph.inputs)  # a block's input is computed by the unit before it, or by a stretch here
+    for block in blocks:
+        covered.update(block.region)
+    for transition in transitions:
+        covered.update(transition.region)
+        covered.update(transition.sources)
+    loose = carrying - covered
+    downstream = {n for n in carrying if any(graph.depends_on(n, s) for s in streams)}
+    by_stream = {b.stream: b for b in blocks}
+    by_member: dict[fx.Node, Block] = {}
+    for block in blocks:
+        for node in block.region:
+            by_member.setdefault(node, block)
+    sinks = set(graph.sinks)
     out: list[Transition] = []
-    for block in blocks:
-        shape = shape_of(block.stream)
-        if block.predecessors or block.stream in graph.inputs or shape is None or block.stream not in bits:
+    # what leads into a block input (a stem) and what only reads the stream (a head) are analysed
+    # apart, though they may share values (RevIN's statistics normalise the input and rescale the output)
+    leading_in = {n for n in loose if any(graph.is_ancestor(n, s) for s in streams)}
+    components = [c for part in (leading_in, loose - leading_in) for c in nx.weakly_connected_components(dag.subgraph(part))]
+    for component in components:
+        region = sorted(component, key=graph.order.__getitem__)
+        parents = sorted({p for n in region for p in graph.parents.get(n, ()) if p not in component}, key=graph.order.__getitem__)
+        sources = [p for p in parents if p in carrying or p in graph.inputs]
+        exits = [n for n in region if n in sinks or any(c not in component and graph.reaches_output(c) for c in graph.children.get(n, ()))]
+        if not sources or not exits:
             continue
-        sources = [p for p in graph.inputs if shape_of(p) == shape and (dtype_of(p) is None or dtype_of(p).is_floating_point)
-                   and before(p, block.stream)]
-        if sources:
-            out.append(Transition(sources=sources, target=block.stream, region=region(sources, block.stream), kind="stem", before=block))
-    followed = {id(p) for b in blocks for p in b.predecessors}
-    for block in blocks:
-        shape = shape_of(block.join)
-        if id(block) in followed or shape is None:
-            continue
-        for sink in graph.sinks:
-            if sink is not block.join and shape_of(sink) == shape and before(block.join, sink):
-                out.append(Transition(sources=[block.join], target=sink, region=region([block.join], sink), kind="head", after=[block]))
+        before = next((by_stream[c] for n in exits for c in [n, *graph.children.get(n, ())] if c in by_stream), None)
+        after = list({id(by_member[p]): by_member[p] for p in sources if p in by_member}.values())
+        computed_from_inputs = not any(p in downstream for p in sources)
+        kind = ("stem" if before is not None else "condition") if computed_from_inputs else \
+            "head" if any(n in sinks for n in exits) else "between" if before is not None else "readout"
+        target = before.stream if before is not None and before.stream in component else exits[-1]
+        out.append(Transition(sources=sources, target=target, region=region, after=after, before=before, kind=kind, exits=exits))
     return out
+
+
+def escapes(region: list[fx.Node], outputs: set[fx.Node], graph: GraphFacts) -> list[fx.Node]:
+    """Values computed inside a unit that leave it other than through its outputs: read by
+    another unit or returned by the model (a coupling's first half, a key cached for later)."""
+    inside = set(region)
+    sinks = set(graph.sinks)
+    return [n for n in region if n not in outputs and (n in sinks or any(
+        c not in inside and graph.reaches_output(c) for c in graph.children.get(n, ())))]
 
 
 def _post(block: Block, graph: GraphFacts) -> tuple[Post, Optional[fx.Node]]:
@@ -561,7 +638,7 @@ def _settle_top_level_norms(blocks: list[Block], transitions: list[Transition]) 
     pre-norm stack ``for layer: x = x + f(norm(x))`` the norm that follows the last block
     is the model's head, not part of that block. A lone ``norm(x + f(x))`` stays Post-LN.
     """
-    feeding = {n for t in transitions for n in t.region} | {b.stream for b in blocks}
+    feeding = {n for t in transitions if t.before is not None for n in t.region} | {b.stream for b in blocks}
     previous: Optional[Block] = None
     for block in blocks:
         if block.post == "post-norm" and not module_path(block.join) and block.post_node not in feeding:
@@ -574,9 +651,15 @@ def _settle_top_level_norms(blocks: list[Block], transitions: list[Transition]) 
 
 
 def _name(blocks: list[Block], root_name: str, graph: GraphFacts) -> None:
-    """Module path of the module whose forward performs the join; disambiguated by branch."""
+    """Module path of the module whose forward performs the join; disambiguated by branch.
+
+    A ``cat`` join written in the model's own forward (``torch.cat((blk(x, cls), x))``, an
+    augmented state) is named after the module that holds its whole velocity
+    (``blocks_token_only``), when there is one.
+    """
     for block in blocks:
-        block.name = module_path(block.join) or root_name
+        concatenated = op_name(block.join) in ("cat", "concat", "concatenate")
+        block.name = module_path(block.join) or (_velocity_scope(block) if concatenated else "") or root_name
     counts = Counter(b.name for b in blocks)
     for base, count in counts.items():
         if count == 1:
@@ -590,6 +673,17 @@ def _name(blocks: list[Block], root_name: str, graph: GraphFacts) -> None:
             for block in group:
                 seen[block.name] += 1
                 block.name = f"{block.name}#{seen[block.name]}"
+
+
+def _velocity_scope(block: Block) -> str:
+    """The deepest module path that every op of the velocity lies under ('' if none)."""
+    paths = [module_path(n).split(".") for n in block.region if n is not block.join]
+    common: list[str] = []
+    for parts in zip(*paths):
+        if len(set(parts)) != 1:
+            break
+        common.append(parts[0])
+    return ".".join(common)
 
 
 def _branches(block: Block, base: str, graph: GraphFacts) -> list[str]:

@@ -230,13 +230,15 @@ def divide(r: Range, c: float) -> Range:
 
 
 def reciprocal(r: Range) -> Range:
-    """1/x for x at least some c > 0 (``r.floor``): decreasing, so the ends swap and keep their openness."""
+    """1/x for x at least some c > 0 (``r.floor``): decreasing, so the ends swap and keep their openness.
+    If x is also at most some M for each parameter value (``r.above``), 1/x is at least 1/M > 0: a floor."""
     lo = 1.0 / r.hi if r.hi < INF else 0.0
     hi = 1.0 / r.lo if r.lo > 0 else INF
     lo_exact = r.hi == INF or (math.isfinite(lo) and Fraction(lo) * Fraction(r.hi) == 1)  # 1 / 2e-313 overflows
     hi_exact = hi == INF or (math.isfinite(r.lo) and Fraction(hi) * Fraction(r.lo) == 1)
     return Range(lo=max(0.0, _outward(lo, lo_exact, down=True)), hi=_outward(hi, hi_exact, down=False), pos=True,
-                 below=True, above=True, lo_open=r.hi == INF or (r.hi_open and lo_exact), hi_open=r.lo_open and hi_exact)
+                 below=True, above=True, floor=r.above, lo_open=r.hi == INF or (r.hi_open and lo_exact),
+                 hi_open=r.lo_open and hi_exact)
 
 
 def _open_product(a: Range, b: Range) -> tuple[bool, bool]:
@@ -377,9 +379,14 @@ def _safe(f, value: float, default: float) -> float:
         return default
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)
 class Growth:
-    """What qlint knows about one value, relative to the seeded inputs of a pass."""
+    """What qlint knows about one value, relative to the seeded inputs of a pass.
+
+    Compared by identity (``eq=False``): two values with the same facts are still two
+    values, so nothing in the engine can tell an argument's role (a weight, a state) by
+    comparing facts.
+    """
 
     q: Exponent
     depends: bool = True

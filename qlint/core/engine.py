@@ -17,9 +17,9 @@ from typing import Any, Optional
 import torch
 import torch.fx as fx
 
-from qlint.core import algebra, relations
+from qlint.core import algebra, canonical, relations
 from qlint.core.blocks import Block as StreamBlock
-from qlint.core.blocks import Stream, Transition as StreamTransition, find_stream
+from qlint.core.blocks import Stream, Transition as StreamTransition, dataflow, escapes, find_stream, stream_carrying
 from qlint.core.domain import CONSTANT, Growth, point
 from qlint.core.graph import GraphFacts, annotate, facts, user_frames
 from qlint.core.propagate import GrowthProp, apply, joint, leading
@@ -46,6 +46,8 @@ class Analysis:
     threshold: float = 1.0
     options: Any = None
     velocities: dict[str, Growth] = field(default_factory=dict)
+    gaps: list["Gap"] = field(default_factory=list)
+    witness: Any = None  # the eager witness's pass over the certified blocks (qlint.probe.block_witness), once run
 
     @property
     def module(self) -> fx.GraphModule:
@@ -67,7 +69,10 @@ def analyse(model: torch.nn.Module, inputs: Optional[tuple], traced: TracedGraph
     """The engine's pass over one traced model (block-independent facts are computed once)."""
     module = traced.module
     annotate(module, registry, model)
+    if canonical.simplify(module):  # all-ones masked averages read as the means they are
+        annotate(module, registry, model)
     graph = GraphFacts(module, traced.data_inputs)
+    graph.example = inputs
     relations.find(graph.nodes)
     prop = GrowthProp(module, graph, training=model.training, assume_real=assume_real,
                       trainable=trainable_attributes(module, model))
@@ -75,24 +80,19 @@ def analyse(model: torch.nn.Module, inputs: Optional[tuple], traced: TracedGraph
     stream = find_stream(graph, root_name=type(model).__name__)
     envs: dict[str, Any] = {}
     velocities: dict[str, Growth] = {}
-    blocks = []
     for block in stream.blocks:
         seeds = {block.stream: prop.seed(block.stream, base, stream=True)}
         seeds.update({u: prop.seed(u, base, stream=False) for u in block.side})
-        env = collections.ChainMap(prop.propagate(seeds, block.region, base), base)
-        envs[block.name] = env
-        velocity = velocity_of(block, env, prop)
-        velocities[block.name] = velocity
-        blocks.append(_block_result(block, velocity, env, graph, threshold))
-    transitions = []
-    for index, transition in enumerate(stream.transitions):
-        seeds = {s: prop.seed(s, base, stream=True) for s in transition.sources}
-        seeds.update({u: prop.seed(u, base, stream=False) for u in transition.side})
-        env = collections.ChainMap(prop.propagate(seeds, transition.region, base), base)
-        envs[transition.name] = env
-        transitions.append(_transition_result(index, transition, env, graph, threshold))
+        envs[block.name] = collections.ChainMap(prop.propagate(seeds, block.region, base), base)
+        velocities[block.name] = velocity_of(block, envs[block.name], prop)
+    for transition in stream.transitions:
+        envs[transition.name] = _transition_pass(transition, prop, base, graph)
+    gaps = coverage_gaps(stream, graph, envs, threshold)
+    gapped = {gap.part for gap in gaps}
+    blocks = [_block_result(b, velocities[b.name], envs[b.name], graph, threshold, b.name in gapped) for b in stream.blocks]
+    transitions = [_transition_result(i, t, envs[t.name], graph, threshold, t.name in gapped) for i, t in enumerate(stream.transitions)]
     report = ModelReport(spec=spec, tracer=traced.tracer, mode="train" if model.training else "eval", blocks=blocks,
-                         threshold=threshold, transitions=transitions, uncovered=_uncovered(stream))
+                         threshold=threshold, transitions=transitions, uncovered=[gap.reason for gap in gaps])
     report.extra["graph_check"] = traced.graph_check
     if traced.attempts:
         report.extra["trace_attempts"] = list(traced.attempts)
@@ -102,7 +102,30 @@ def analyse(model: torch.nn.Module, inputs: Optional[tuple], traced: TracedGraph
         report.extra["layer_reuse_abandoned"] = traced.reuse_abandoned
     if assume_real and any(n.op == "placeholder" and "val" not in n.meta and "tensor_meta" not in n.meta for n in graph.inputs):
         report.extra["assumed"] = "input dtypes unknown (no example inputs): inputs taken as real"
-    return Analysis(model, inputs, traced, registry, graph, prop, base, stream, envs, report, threshold, velocities=velocities)
+    return Analysis(model, inputs, traced, registry, graph, prop, base, stream, envs, report, threshold, velocities=velocities,
+                    gaps=gaps)
+
+
+def _transition_pass(transition: StreamTransition, prop: GrowthProp, base: dict, graph: GraphFacts) -> Any:
+    """A transition's values from its sources. A head or a readout is applied once, to stream
+    values: each is taken at its growth in the model's inputs when that is known and at most
+    linear (a RevIN head multiplies a normalised output by the input's spread: q = 0 + 1), else as a
+    free value (the blocks answer for it). A stem reading several model inputs is measured in each
+    input with the others held fixed, as the model is scaled along one input (a value times an
+    observed-values mask is linear in each): the worst input's pass is kept."""
+    once = transition.before is None
+    inputs = [s for s in transition.sources if s in graph.inputs]
+    passes = [inputs] if len(inputs) <= 1 or len(inputs) != len(transition.sources) else [[i] for i in inputs]
+    worst: Any = None
+    for scaled in passes:
+        seeds = {s: prop.seed(s, base, stream=True, composite=once) if s in scaled or s not in inputs
+                 else Growth(0.0, depends=False, real=leading(base[s]).real) for s in transition.sources}
+        seeds.update({u: prop.seed(u, base, stream=False) for u in transition.side})
+        env = collections.ChainMap(prop.propagate(seeds, transition.region, base), base)
+        q = joint(tuple(leading(env.get(n, CONSTANT)) for n in transition.exits)).q
+        if worst is None or _rank(q) > worst[0]:
+            worst = (_rank(q), env)
+    return worst[1]
 
 
 def velocity_of(block: StreamBlock, env: dict, prop: GrowthProp) -> Growth:
@@ -112,23 +135,65 @@ def velocity_of(block: StreamBlock, env: dict, prop: GrowthProp) -> Growth:
     if block.form != "additive":
         q = algebra.residual(join.q)
         return Growth(q, culprit=join.culprit)
+    if block.skip.path and block.skip.path[0][1] == "tensors":  # cat([X_k, g]): X_k's slot zeroed
+        parts = facts(block.join).bound.arguments["tensors"]
+        zeroed = [ZERO if part is block.skip.node else env[part] if isinstance(part, fx.Node) else part for part in parts]
+        return joint(apply(block.join, facts(block.join), env, prop.training, overrides={"tensors": zeroed}))
     value: Any = ZERO
     for node, argument in reversed(block.skip.path):
         value = apply(node, facts(node), env, prop.training, overrides={argument: value})
     return joint(value)
 
 
-def _uncovered(stream: Stream) -> list[str]:
-    reasons = []
+@dataclass(frozen=True)
+class Gap:
+    """A part of the stream the analysis does not cover (QL106): what, where, and why."""
+
+    part: Optional[str]  # the block or transition it concerns (None: the whole model)
+    kind: str  # "block", "transition" or "model"
+    node: Optional[fx.Node]
+    reason: str
+
+
+def coverage_gaps(stream: Stream, graph: GraphFacts, envs: dict[str, Any], threshold: float) -> list[Gap]:
+    """The accounting behind "certified": every node on the stream (a path from an input to an
+    output through a block input, or computed from the input the stream starts from) is computed
+    by a block or a transition from that unit's own inputs, and every value that leaves a unit
+    other than through its output is known to grow at most linearly in the unit's input.
+    Anything else is a gap.
+
+    The first clause is checked on the dataflow graph itself (networkx), not by asking the block
+    detector, so a stretch the detector and the chain both miss is reported by name. An older
+    value of the stream that a unit reads (a dense skip, FPN fusion, a key shared from an earlier
+    layer) is not a gap: it is a component of the augmented state Z_k = (X_k, X_j, ...), seeded
+    as a free variable like X_k, so the unit's q is its exponent in the joint state; the other
+    components move by the identity (they are copied along), q = 1 (Theorem 9(ii), (iv)).
+    """
+    gaps: list[Gap] = []
     if not stream.blocks:
-        reasons.append("no residual block was found: nothing on the path from input to output is certified")
-    for block in stream.blocks:
-        for value in block.older:
-            reasons.append(f"block `{block.name}` reads `{value.name}`, an older value of its own stream, outside its block input")
-    for transition in stream.transitions:
-        for value in transition.older:
-            reasons.append(f"transition `{transition.name}` reads `{value.name}`, an older value of its stream (a dense or long skip)")
-    return reasons
+        return [Gap(None, "model", None, "no residual block was found: nothing on the path from input to output is certified")]
+    parts: list[tuple[str, Any, set]] = [("block", b, {b.join}) for b in stream.blocks]
+    parts += [("transition", t, set(t.exits)) for t in stream.transitions]
+    covered = set(graph.inputs)
+    for kind, part, _ in parts:
+        covered.update(part.region)
+        if kind == "transition":
+            covered.update(part.sources)
+    dag = dataflow(graph)
+    for node in sorted(stream_carrying(dag, {b.stream for b in stream.blocks}) - covered, key=graph.order.__getitem__):
+        gaps.append(Gap(None, "model", node, f"`{node.name}`{_at(node)} is on the stream, and no block or transition computes it"))
+    for kind, part, outputs in parts:
+        for value in escapes(part.region, outputs, graph):
+            growth = joint(envs[part.name].get(value, CONSTANT))
+            if growth.depends and not algebra.is_certified(growth.q, threshold):
+                gaps.append(Gap(part.name, kind, value, f"`{value.name}`{_at(value)} leaves {kind} `{part.name}` besides its output "
+                                f"and grows with q = {algebra.format_q(growth.q)} in its input: an update the analysis does not cover"))
+    return gaps
+
+
+def _at(node: fx.Node) -> str:
+    source = source_of(node)
+    return f" ({source})" if source else ""
 
 
 # --- results -------------------------------------------------------------------------------------
@@ -142,9 +207,10 @@ def _status(q: Optional[float], threshold: float, uncovered: bool) -> str:
     return "ok"
 
 
-def _block_result(block: StreamBlock, velocity: Growth, env: dict, graph: GraphFacts, threshold: float) -> Block:
+def _block_result(block: StreamBlock, velocity: Growth, env: dict, graph: GraphFacts, threshold: float, gapped: bool) -> Block:
     start = _velocity_output(block, env)
-    derivation = derive(start, block.stream, env, graph, velocity.q if block.form == "additive" else None)
+    derivation = derive(start, block.stream, env, graph, velocity.q if block.form == "additive" else None,
+                        older=set(block.older))
     if derivation:
         derivation[0].source = source_of(block.join)
     form = block.post or block.form
@@ -154,13 +220,13 @@ def _block_result(block: StreamBlock, velocity: Growth, env: dict, graph: GraphF
     if block.side:
         extra["reads"] = [u.name for u in block.side]
     if block.older:
-        extra["older_stream_values"] = [u.name for u in block.older]
+        extra["augmented_state"] = [u.name for u in block.older]  # older stream values: q is in the joint state
     q = velocity.q
     return Block(
         name=block.name,
         index=block.index,
         q=q,
-        status=_status(q, threshold, bool(block.older)),
+        status=_status(q, threshold, gapped),
         derivation=derivation,
         dominant=_dominant(derivation, velocity),
         source=source_of(block.join),
@@ -170,21 +236,23 @@ def _block_result(block: StreamBlock, velocity: Growth, env: dict, graph: GraphF
     )
 
 
-def _transition_result(index: int, transition: StreamTransition, env: dict, graph: GraphFacts, threshold: float) -> Transition:
-    value = leading(env.get(transition.target, CONSTANT))
+def _transition_result(index: int, transition: StreamTransition, env: dict, graph: GraphFacts, threshold: float,
+                       gapped: bool) -> Transition:
+    value = joint(tuple(leading(env.get(node, CONSTANT)) for node in transition.exits))
     sources = transition.sources
-    derivation = derive(transition.target, sources[0], env, graph, None, sources=set(sources))
+    start = max(transition.exits, key=lambda node: _rank(joint(env.get(node, CONSTANT)).q))
+    derivation = derive(start, sources[0], env, graph, None, sources=set(sources))
     extra: dict[str, Any] = {"kind": transition.kind, "from": [b.name for b in transition.after] or ["input"],
                              "to": transition.before.name if transition.before else "output"}
     if value.culprit and not value.known:
         extra["culprit"] = value.culprit
     if transition.older:
-        extra["older_stream_values"] = [u.name for u in transition.older]
+        extra["augmented_state"] = [u.name for u in transition.older]
     return Transition(
         name=transition.name,
         index=index,
         q=value.q,
-        status=_status(value.q, threshold, bool(transition.older)),
+        status=_status(value.q, threshold, gapped),
         derivation=derivation,
         dominant=_dominant(derivation, value),
         source=source_of(transition.target),
@@ -224,10 +292,12 @@ def dominant_parent(node: fx.Node, env: dict, graph: GraphFacts) -> Optional[fx.
 
 
 def derive(start: fx.Node, stream: fx.Node, env: dict, graph: GraphFacts, final_q: Optional[float],
-           sources: Optional[set] = None) -> list[DerivationStep]:
-    """Follow the dominant inputs back from ``start`` to the block input; keep X_k, every node
-    where q changed (and the primitive it rose from), and the output."""
-    ends = sources or {stream}
+           sources: Optional[set] = None, older: Optional[set] = None) -> list[DerivationStep]:
+    """Follow the dominant inputs back from ``start`` to the block input (or an older stream value
+    it reads, a component of the augmented state); keep that start, every node where q changed (and
+    the primitive it rose from), and the output."""
+    older = older or set()
+    ends = (sources or {stream}) | older
     chain: list[fx.Node] = []
     node: Optional[fx.Node] = start
     while node is not None and node not in chain:
@@ -252,8 +322,12 @@ def derive(start: fx.Node, stream: fx.Node, env: dict, graph: GraphFacts, final_
     for i in sorted(set(keep)):
         n = chain[i]
         if i == 0:
-            steps.append(DerivationStep(node=n.name, primitive="block input X_k", q=1.0, source=source_of(n),
-                                        why="the residual stream entering the block"))
+            if n in older:
+                steps.append(DerivationStep(node=n.name, primitive="older stream value X_j", q=1.0, source=source_of(n),
+                                            why="a component of the augmented state (X_k, X_j): a free variable like X_k"))
+            else:
+                steps.append(DerivationStep(node=n.name, primitive="block input X_k", q=1.0, source=source_of(n),
+                                            why="the residual stream entering the block"))
             continue
         steps.append(DerivationStep(node=n.name, primitive=primitive_name(n), q=qs[i], source=source_of(n), why=_why(n, env, graph)))
     return steps
@@ -295,8 +369,10 @@ def dominant_step(block: Block) -> Optional[DerivationStep]:
 
 
 def source_of(node: fx.Node) -> Optional[Source]:
-    """The innermost frame of the user's code that created this node."""
-    frames = user_frames(node)
+    """The innermost frame of the user's code that created this node, in a real file: a
+    ``<string>`` (``python -c``, a worker's bootstrap), ``<stdin>`` or generated-code frame
+    names no line anyone can open, so it is skipped (None when no other frame is left)."""
+    frames = [frame for frame in user_frames(node) if not frame[0].startswith("<")]
     if not frames:
         return None
     file, line, _ = frames[-1]

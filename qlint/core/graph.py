@@ -19,8 +19,12 @@ from typing import Any, Iterable, Optional, Sequence
 import torch
 import torch.fx as fx
 
-from qlint.core.ops import Bound, bind, describe
+from qlint.core.ops import Bound, bind, describe, op_name
 
+SIZE_ARGUMENTS = frozenset({"size", "sizes", "shape", "repeats", "dims", "pad", "scale_factor", "output_size", "steps",
+                            "split_size", "split_size_or_sections", "sections", "indices_or_sections", "length",
+                            "num_classes", "minlength", "bins", "n", "k"})  # an argument that sets how many entries
+SEQUENCES = frozenset({"arange", "range", "linspace", "logspace"})  # their start / end / step set the length too
 META_ATTRIBUTES = frozenset({"shape", "dtype", "device", "ndim", "is_cuda", "requires_grad", "layout", "is_sparse",
                              "is_quantized", "is_meta", "names", "grad_fn", "is_leaf", "itemsize", "nbytes"})
 
@@ -185,10 +189,34 @@ class GraphFacts:
                 self.children[parent].append(node)
         output = next((n for n in reversed(self.nodes) if n.op == "output"), None)
         self.sinks: list[fx.Node] = [n for n in (output.all_input_nodes if output is not None else []) if n in self.data]
+        self.variable_length = self._variable_length()
         self._index = {node: i for i, node in enumerate(n for n in self.nodes if n in self.data)}
         self._ancestors: Optional[dict[fx.Node, int]] = None
         self._ipdom: Optional[dict[fx.Node, Optional[fx.Node]]] = None
         self._constants: Optional[fx.Interpreter] = None  # evaluates input-independent nodes, memoised
+        self.example: Optional[tuple] = None  # the example inputs, whose shapes shape-derived values are read at
+
+    def _variable_length(self) -> set[fx.Node]:
+        """Data nodes whose shape may depend on the input's *values*, not only its shape: an op
+        outside the registry (it may return anything), an op given a size, a count or a padding
+        computed from the data (``zeros(int(x.max()))``, ``repeat_interleave(v, counts(x))``), and
+        everything computed from such a value. Every other size is a function of the input
+        shapes: a constant as far as magnitude goes (:meth:`GrowthProp.sizes`)."""
+        out: set[fx.Node] = set()
+        for node in self.nodes:
+            if node not in self.data or node.op == "placeholder":
+                continue
+            info = facts(node)
+            if info.meta_output:
+                continue
+            unknown_op = info.primitive is None and info.declared is None
+            sized = info.bound is not None and any(
+                value in self.data for name, argument in info.bound.arguments.items()
+                if name in SIZE_ARGUMENTS or (info.bound.positional and name != "input") or op_name(node) in SEQUENCES
+                for value in Bound({name: argument}, {}).nodes())
+            if unknown_op or sized or any(p in out for p in self.parents.get(node, ())):
+                out.add(node)
+        return out
 
     # -- constants ----------------------------------------------------------------------------
 
@@ -209,6 +237,9 @@ class GraphFacts:
         return self._evaluate(node, interpreter)
 
     def _evaluate(self, node: fx.Node, interpreter: fx.Interpreter) -> Any:
+        """A value that does not depend on the input's values. Sizes and dtypes of an input are read
+        off the example inputs (``example``), when there are some: such a value is the one at the
+        example's shape."""
         if node in self.data:
             return None
         env = interpreter.env
@@ -216,8 +247,14 @@ class GraphFacts:
         while stack:
             current = stack.pop()
             if current not in needed and current not in env:
-                if current.op == "placeholder" or indeterminate(current):
-                    return None  # an input, a random draw or uninitialised memory: no one value
+                if current.op == "placeholder":
+                    example = self._example_value(current)
+                    if example is None:
+                        return None  # an input with no example: no one value
+                    env[current] = example
+                    continue
+                if indeterminate(current):
+                    return None  # a random draw or uninitialised memory: no one value
                 needed.add(current)
                 stack.extend(current.all_input_nodes)
         try:
@@ -227,6 +264,13 @@ class GraphFacts:
         except Exception:  # a parameter expression that cannot run here (meta tensors)
             return None
         return env[node]
+
+    def _example_value(self, placeholder: fx.Node) -> Any:
+        placeholders = [n for n in self.nodes if n.op == "placeholder"]
+        if self.example is None or len(placeholders) != len(self.example) or placeholder not in placeholders:
+            return None
+        value = self.example[placeholders.index(placeholder)]
+        return None if isinstance(value, torch.Tensor) and value.is_meta else value
 
     # -- ancestors ----------------------------------------------------------------------------
 
@@ -374,14 +418,45 @@ def tensor_meta(node: Any) -> Optional[torch.Tensor]:
     return meta if meta is not None and hasattr(meta, "shape") else None
 
 
-def shape_of(node: Any) -> Optional[tuple[int, ...]]:
+def size_term(size: Any) -> Any:
+    """An axis length as the analysis compares it: an int, or on a dynamic export the length's
+    symbol (a sympy expression, equal only to itself). Never ``int()`` of a symbolic length:
+    that would specialise the traced graph to the example's shape."""
+    if isinstance(size, int):
+        return size
+    node = getattr(size, "node", None)
+    if node is None:
+        return None
+    expr = node.expr
+    return int(expr) if getattr(expr, "is_number", False) else expr
+
+
+def shape_of(node: Any) -> Optional[tuple[Any, ...]]:
+    """The node's shape as size terms (:func:`size_term`): two shapes are equal when every axis
+    is the same number or the same symbol. None when not recorded."""
     value = tensor_meta(node)
     if value is None:
         return None
+    terms = tuple(size_term(s) for s in value.shape)
+    return None if any(t is None for t in terms) else terms
+
+
+def sizes(node: Any) -> Optional[tuple[int, ...]]:
+    """The node's shape when every length is a number (None when one is symbolic or unknown)."""
+    shape = shape_of(node)
+    return shape if shape is not None and all(isinstance(s, int) for s in shape) else None
+
+
+def least_size(size: Any) -> int:
+    """The smallest length an axis can have on the inputs the graph covers (its own value when fixed)."""
+    if isinstance(size, int):
+        return size
+    node = getattr(size, "node", None)
     try:
-        return tuple(int(s) for s in value.shape)
-    except (TypeError, ValueError):  # symbolic sizes
-        return None
+        lower = node.shape_env.bound_sympy(node.expr).lower
+        return int(lower) if getattr(lower, "is_number", False) and lower >= 0 else 0
+    except Exception:  # noqa: BLE001  (no shape environment: assume nothing)
+        return 0
 
 
 def dtype_of(node: Any) -> Optional[torch.dtype]:
@@ -389,7 +464,7 @@ def dtype_of(node: Any) -> Optional[torch.dtype]:
     return getattr(value, "dtype", None) if value is not None else None
 
 
-__all__ = ["GraphFacts", "NodeFacts", "annotate", "dtype_of", "facts", "run_cone", "shape_of", "tensor_meta"]
+__all__ = ["GraphFacts", "NodeFacts", "annotate", "dtype_of", "facts", "least_size", "run_cone", "shape_of", "sizes", "tensor_meta"]
 
 
 # --- where a node came from ----------------------------------------------------------------------
@@ -397,8 +472,8 @@ __all__ = ["GraphFacts", "NodeFacts", "annotate", "dtype_of", "facts", "run_cone
 import re as _re
 
 _FRAME = _re.compile(r'File "(?P<file>[^"]+)", line (?P<line>\d+), in (?P<func>\S+)')
-_TORCH_DIR = torch.__file__.rsplit("/", 1)[0]
-_QLINT_DIR = __file__.rsplit("/", 2)[0]
+TORCH_DIR = torch.__file__.rsplit("/", 1)[0] + "/"  # with the separator: torchvision/ is not torch's
+_QLINT_DIR = __file__.rsplit("/", 2)[0] + "/"
 
 
 def module_path(node: fx.Node) -> str:
@@ -428,7 +503,7 @@ def user_frames(node: fx.Node) -> list[tuple[str, int, str]]:
     frames = []
     for match in _FRAME.finditer(trace):
         file = match.group("file")
-        if file.startswith(_TORCH_DIR) or (file.startswith(_QLINT_DIR) and "/qlint/zoo/" not in file and "/qlint/verify/" not in file):
+        if file.startswith(TORCH_DIR) or (file.startswith(_QLINT_DIR) and "/qlint/zoo/" not in file and "/qlint/verify/" not in file):
             continue
         frames.append((file, int(match.group("line")), match.group("func")))
     return frames

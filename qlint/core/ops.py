@@ -86,6 +86,9 @@ def _function_signatures(target: Any) -> tuple[inspect.Signature, ...]:
         return (_torchscript_schema_to_signature(target._schema),)
     if isinstance(target, torch._ops.OpOverloadPacket):
         return tuple(s for name in target.overloads() for s in _function_signatures(getattr(target, name)))
+    dispatched = torch._jit_internal.boolean_dispatched.get(target)
+    if dispatched is not None:  # F.max_pool2d and kin are `fn(*args, **kwargs)`: bind to what they dispatch to
+        return (inspect.signature(dispatched["if_false"]),)
     try:
         return (inspect.signature(target),)
     except (TypeError, ValueError):
@@ -192,7 +195,13 @@ def _renamed(mapping: dict[str, Any], aliases: Optional[dict[str, str]]) -> dict
 class Call:
     """One application of a transfer: named arguments (Growths for graph values).
 
-    Every access is recorded so :meth:`unread` can tell what the transfer ignored.
+    Every access is recorded so :meth:`unread` can tell what the transfer ignored. Two
+    kinds of access are told apart: an argument is *read* when the transfer looked at
+    it (a plain parameter, a number), and *consumed* when its value entered the rule's
+    arithmetic (as an operand, a selector or for its metadata). An argument that
+    depends on the input must be consumed: one read as a plain parameter (a leaky
+    slope computed from x, read by :meth:`param` as "not a number") was not accounted
+    for, and the result is unknown. The one place that enforces it is :meth:`unread`.
     """
 
     def __init__(self, node: fx.Node, arguments: dict[str, Any], defaults: dict[str, Any], *,
@@ -205,7 +214,10 @@ class Call:
         self.positional = positional
         self.op = op_name(node) if node is not None else ""
         self.read: set[str] = set()
+        self.consumed: set[str] = set()
         self.selected: frozenset[str] = frozenset()
+        self.hazards: list[tuple[str, str, Callable[[Any], bool]]] = []  # (why, argument, is the value bad)
+        self.picked: set[str] = set()  # tuple arguments the rule took one element of (its result carries that one)
 
     # -- reading arguments ---------------------------------------------------------------
 
@@ -213,31 +225,41 @@ class Call:
         return name in self.arguments
 
     def value(self, name: str, default: Any = None) -> Any:
-        """The raw argument (a Growth for graph values, else the Python value)."""
+        """The raw argument (a Growth for graph values, else the Python value), read but not
+        consumed: use :meth:`operand` when the rule computes with it."""
         self.read.add(name)
         if name in self.arguments:
             return self.arguments[name]
         return self.defaults.get(name, default)
 
+    def operand(self, name: str, default: Any = None) -> Any:
+        """The raw argument, which the rule's arithmetic uses (a Growth, a number or a tuple of them)."""
+        self.consumed.add(name)
+        return self.value(name, default)
+
     def growth(self, name: str, default: Any = None) -> Optional[Growth]:
-        """A tensor argument as a Growth (numbers as constants); None when absent."""
-        value = self.value(name, default)
+        """A tensor argument as a Growth (numbers as constants); None only when the argument is
+        absent (not passed, default None). A list or tuple where the rule reads one tensor is
+        unknown, never absent."""
+        value = self.operand(name, default)
         if value is None:
             return None
         if isinstance(value, Growth):
             return value
         if isinstance(value, (list, tuple)):
-            return None
+            return Growth(None, culprit=f"argument `{name}` of {self.label()} holds {len(value)} values where its rule reads one tensor")
         return constant(value)
 
     def param(self, name: str, default: Any = None) -> Any:
-        """A non-tensor parameter; a graph value here (a SymInt from data) reads as None."""
+        """A non-tensor parameter; a graph value here (a SymInt from data) reads as None and is
+        not consumed, so one that depends on the input makes the result unknown."""
         value = self.value(name, default)
         return None if isinstance(value, Growth) else value
 
     def meta(self, *names: str) -> None:
         """Mark arguments read for their shape, dtype or device only."""
         self.read.update(names)
+        self.consumed.update(names)
 
     def accept_params(self) -> None:
         """Mark every non-tensor argument read: the transfer's bound holds whatever their
@@ -251,11 +273,13 @@ class Call:
         could not bound is still contagious (it may be NaN, or of a length that grows with
         the input)."""
         self.read.update(names)
+        self.consumed.update(names)
         self.selected = self.selected | frozenset(names)
 
     def growths(self, name: str) -> list[Growth]:
         """Every Growth inside an argument (a list of tensors for cat, stack, ...)."""
         self.read.add(name)
+        self.consumed.add(name)
         return list(growths_in(self.arguments.get(name)))
 
     def depends_any(self) -> bool:
@@ -263,27 +287,36 @@ class Call:
         return any(g.depends for g in growths_in(list(self.arguments.values())))
 
     def every(self) -> list[Growth]:
-        """Every Growth among all arguments, marking them read."""
+        """Every Growth among all arguments, marking them consumed."""
         self.read.update(self.arguments)
+        self.consumed.update(self.arguments)
         return list(growths_in(list(self.arguments.values())))
+
+    def hazard(self, why: str, argument: str, bad: Callable[[Any], bool]) -> None:
+        """Record that a parameter-only argument may make the result inf or NaN at some parameter
+        values (a divisor that may be 0): a numerical hazard, not growth. The propagation checks
+        ``bad`` on the argument's value at the model's own parameters."""
+        self.hazards.append((why, argument, bad))
 
     # -- what was ignored ----------------------------------------------------------------
 
     def unread(self, meta_args: frozenset[str] = frozenset(), accepted: frozenset[str] = frozenset()) -> Optional[str]:
         """Why the transfer's result cannot be trusted, or None when it read enough.
 
-        An argument that depends on the input must have been read; a non-tensor
+        An argument that depends on the input must have been consumed; a non-tensor
         parameter that differs from its default must have been read or be one the
         entry declares harmless; a tensor argument independent of the input may be
-        skipped only by transfers that claim no order facts (see :func:`settle`).
+        skipped only by transfers that claim no order facts (the propagation then drops them).
         """
         for name, value in self.arguments.items():
-            if name in self.read or name in meta_args:
+            if name in meta_args:
                 continue
-            dependent = [g for g in growths_in(value) if g.depends]
-            if dependent:
-                return f"argument `{name}` depends on the input and the rule for {self.label()} does not account for it"
-            if name in NEUTRAL or name in accepted or _is_tensor_like(value):
+            if any(g.depends for g in growths_in(value)):
+                if name in self.consumed:
+                    continue
+                how = "reads it as a plain parameter" if name in self.read else "does not account for it"
+                return f"argument `{name}` depends on the input and the rule for {self.label()} {how}"
+            if name in self.read or name in NEUTRAL or name in accepted or _is_tensor_like(value):
                 continue
             if name in self.defaults and _same(value, self.defaults[name]):
                 continue
@@ -293,12 +326,12 @@ class Call:
     def ignored_constants(self, meta_args: frozenset[str] = frozenset()) -> bool:
         """Whether some input-independent tensor argument went unread (its sign is unknown)."""
         return any(
-            name not in self.read and name not in meta_args and _is_tensor_like(value)
+            name not in self.consumed and name not in meta_args and _is_tensor_like(value)
             for name, value in self.arguments.items()
         )
 
     def label(self) -> str:
-        return f"`{describe(self.node, self.module)}`"
+        return f"`{describe(self.node, self.module)}`" if self.node is not None else f"`{self.op or 'the op'}`"
 
 
 def growths_in(value: Any) -> Iterator[Growth]:

@@ -17,6 +17,10 @@ are computed from, which the per-op algebra cannot see.
   known.
 - A **shift by its own maximum** ``s - s.amax(dim, keepdim=True)`` is <= 0 (the stable
   softmax's argument), and so is ``s - logsumexp(s)``.
+- A **ratio to itself plus a constant** ``n / (n + c)`` with c > 0 is in [0, 1) when n >= 0
+  (the capsule squash's |s|^2 / (1 + |s|^2)); checked at propagation time.
+- A normalisation whose numerator is the normalised tensor times a factor (``g * x / ||x||``)
+  is bounded when the factor is: |g_i x_i| / ||x|| <= |g_i|; checked at propagation time.
 
 Anything not proved falls back to the generic rules (a division by a value that may
 approach 0 is then not bounded).
@@ -31,18 +35,20 @@ from typing import Any, Optional
 import torch
 import torch.fx as fx
 
-from qlint.core.graph import facts, shape_of
+from qlint.core.graph import facts, shape_of, sizes
 
 _SQUARE_STATS = {"mean": "mean", "sum": "sum"}
 
 
 @dataclass(frozen=True)
 class Normalisation:
-    """``numerator / statistic(numerator)`` proved bounded; ``bound`` on |entries| if known."""
+    """``numerator / statistic(numerator)`` proved bounded; ``bound`` on |entries| if known. With a
+    ``factor``, the value is ``factor * numerator / statistic``: bounded when the factor is."""
 
     numerator: fx.Node
     description: str
     bound: Optional[float]
+    factor: Optional[fx.Node] = None
 
 
 @dataclass(frozen=True)
@@ -60,6 +66,14 @@ class OwnSumRatio:
 
 
 @dataclass(frozen=True)
+class OwnShiftRatio:
+    """``n / (n + c)`` (or ``(c + n)``) with a number c > 0: in [0, 1) when n >= 0 (a capsule squash's
+    |s|^2 / (1 + |s|^2)); checked at propagation time, when the sign of ``n`` is known."""
+
+    numerator: fx.Node
+
+
+@dataclass(frozen=True)
 class OwnMaxShift:
     """``s - max(s)`` or ``s - logsumexp(s)`` over the same group: every entry <= 0."""
 
@@ -71,7 +85,7 @@ def find(nodes: list[fx.Node]) -> None:
     for node in nodes:
         if node.op not in ("call_function", "call_method"):
             continue
-        relation = match_normalisation(node) or _own_sum_ratio(node) or _own_max_shift(node)
+        relation = match_normalisation(node) or _own_sum_ratio(node) or _own_shift_ratio(node) or _own_max_shift(node)
         if relation is not None:
             facts(node).relation = relation
 
@@ -169,6 +183,7 @@ class _Statistic:
     reduction: Optional[fx.Node]  # the reduction node (None: entrywise |x|)
     centred: bool
     rooted: bool  # already a homogeneous (degree 1) statistic
+    rounding: float = 0.0  # how far below max |x_i| the computed statistic may round (a p-norm through pow)
 
 
 def _squared(node: Any) -> Optional[fx.Node]:
@@ -239,7 +254,10 @@ def _statistic(node: Any) -> Optional[_Statistic]:
         if not _keeps_dims(node):
             return None
         base = strip(_arg(node, "input"))
-        return _Statistic(base=base, kind="norm", reduction=node, centred=False, rooted=True)
+        # |x_i| <= ||x||_p holds in floating point for p = 1, 2, inf (monotone rounding: sums of
+        # non-negatives, sqrt(fl(x^2)) = |x|); (sum |x|^p)^(1/p) may round below |x_i| otherwise
+        exact = p in (1, 2, math.inf)
+        return _Statistic(base=base, kind="norm", reduction=node, centred=False, rooted=True, rounding=0.0 if exact else 1e-5)
     if op == "extremum" and _arg(node, "other") is None:
         inner = strip(_arg(node, "input"))
         if _op(inner) == "abs" and _keeps_dims(node) and facts(node).primitive is not None and _op_name(node) in ("amax", "max"):
@@ -253,7 +271,7 @@ def _statistic(node: Any) -> Optional[_Statistic]:
 def _more_entries_than_correction(node: fx.Node) -> bool:
     """A variance reads more entries than its correction (else it is NaN or inf: the std of
     one entry, unbiased); unknown shapes are refused."""
-    from qlint.core.graph import tensor_meta
+    from qlint.core.graph import least_size, tensor_meta
 
     shape = getattr(tensor_meta(_arg(node, "input")), "shape", None)
     if shape is None:
@@ -265,7 +283,7 @@ def _more_entries_than_correction(node: fx.Node) -> bool:
     correction = correction if _is_number(correction) else (1 if unbiased is not False else 0)
     dims = [] if dim is None else list(dim) if isinstance(dim, (list, tuple)) else [dim]
     try:
-        count = math.prod(int(shape[d]) for d in dims) if dims else math.prod(int(s) for s in shape)
+        count = math.prod(least_size(shape[d]) for d in dims) if dims else math.prod(least_size(s) for s in shape)
     except (IndexError, TypeError, ValueError):
         return False
     return count > correction
@@ -396,23 +414,13 @@ def _proves(numerator: Any, den: Optional[_Denominator]) -> Optional[str]:
         if centred is None:
             return None  # an uncentred numerator over a deviation is not bounded
         if den.squared:
-            raw, mean = centred
-            base_centred = _centred_base(stat.base)
-            same = stat.base is raw or stat.base is numerator or (base_centred is not None and base_centred[0] is raw)
-            return "(x - mean) / (var + eps) (over-normalised, bounded)" if same and _same_group(mean, stat.reduction) else None
-        raw, mean = centred
-        base = stat.base
-        base_centred = _centred_base(base)
-        same_signal = base is raw or base is numerator or (base_centred is not None and base_centred[0] is raw)
-        if not same_signal or not _same_group(mean, stat.reduction):
+            return "(x - mean) / (var + eps) (over-normalised, bounded)" if _centred_alike(centred, stat.base, numerator, stat.reduction) else None
+        if not _centred_alike(centred, stat.base, numerator, stat.reduction):
             return None
         return "(x - mean) / sqrt(var + eps) (LayerNorm written out)"
     # mean / sum of squares, or a p-norm, of the same signal
     if stat.centred:
-        base_centred = _centred_base(stat.base)
-        if centred is None or base_centred is None or stat.base is not numerator and base_centred[0] is not centred[0]:
-            return None
-        if not _same_group(centred[1], stat.reduction):
+        if centred is None or not _centred_alike(centred, stat.base, numerator, stat.reduction):
             return None
         return "(x - mean) / sqrt(mean((x - mean)^2) + eps) (LayerNorm written out)"
     if stat.base is not numerator:
@@ -426,12 +434,27 @@ def _proves(numerator: Any, den: Optional[_Denominator]) -> Optional[str]:
     return "x / (||x||_p + eps) (L2 normalization written out)"
 
 
+def _centred_alike(centred: tuple[fx.Node, fx.Node], base: fx.Node, numerator: fx.Node, reduction: fx.Node) -> bool:
+    """The statistic measures the numerator's own deviation: the numerator is x - mean_G(x), and
+    the statistic reduces over G a base that is x itself (a variance centres over its own
+    reduction), the numerator, or x - mean_G'(x) with G' = G too. A base centred over another
+    group (RevIN's typo: centred over time, its spread taken over channels) vanishes where the
+    numerator does not, and the ratio is unbounded."""
+    raw, mean = centred
+    if not _same_group(mean, reduction):
+        return False
+    if base is raw or base is numerator:
+        return True
+    base_centred = _centred_base(base)
+    return base_centred is not None and base_centred[0] is raw and _same_group(base_centred[1], reduction)
+
+
 def _bound(den: _Denominator) -> Optional[float]:
     stat = den.statistic
     if den.squared:
         return None  # bounded, by a constant that depends on eps
     if stat.kind in ("ss", "norm", "abs"):
-        return 1.0 / den.scale
+        return (1.0 + stat.rounding) / den.scale
     if stat.reduction is None:
         return None
     group = _group_size(stat.reduction)
@@ -441,7 +464,7 @@ def _bound(den: _Denominator) -> Optional[float]:
 
 
 def _group_size(reduction: fx.Node) -> Optional[int]:
-    shape = shape_of(_arg(reduction, "input"))
+    shape = sizes(_arg(reduction, "input"))
     if shape is None:
         return None
     dims = _dims(reduction)
@@ -469,6 +492,12 @@ def match_normalisation(node: fx.Node) -> Optional[Normalisation]:
             why = _proves(numerator, den)
             if why:
                 return Normalisation(strip(numerator), why, _bound(den))  # type: ignore[arg-type]
+            scaled = strip(numerator)
+            if den is not None and _op(scaled) == "mul":  # (g * x) / ||x||: g bounded is checked at propagation
+                for base, factor in ((_arg(scaled, "input"), _arg(scaled, "other")), (_arg(scaled, "other"), _arg(scaled, "input"))):
+                    why = _proves(base, den) if isinstance(factor, fx.Node) else None
+                    if why:
+                        return Normalisation(strip(base), f"{why}, times a bounded factor", _bound(den), factor=factor)
     return None
 
 
@@ -484,6 +513,19 @@ def _own_sum_ratio(node: fx.Node) -> Optional[OwnSumRatio]:
     if strip(_arg(inner, "input")) is not numerator:
         return None
     return OwnSumRatio(numerator, eps, floored=_largest_of_softmax(numerator, inner))
+
+
+def _own_shift_ratio(node: fx.Node) -> Optional[OwnShiftRatio]:
+    if _op(node) != "div" or _arg(node, "rounding_mode") is not None:
+        return None
+    numerator, denominator = strip(_arg(node, "input")), _broadcast_strip(_arg(node, "other"))
+    if not isinstance(numerator, fx.Node) or _op(denominator) != "add" or _arg(denominator, "alpha", 1) != 1:
+        return None
+    a, b = _arg(denominator, "input"), _arg(denominator, "other")
+    for term, shift in ((a, b), (b, a)):
+        if isinstance(term, fx.Node) and strip(term) is numerator and _is_number(shift) and shift > 0:
+            return OwnShiftRatio(numerator)
+    return None
 
 
 _SOFTMAXES = ("softmax", "_softmax", "special_softmax", "softmin")  # not _safe_softmax: a masked row is all 0
@@ -533,4 +575,4 @@ def _own_max_shift(node: fx.Node) -> Optional[OwnMaxShift]:
     return OwnMaxShift(source)
 
 
-__all__ = ["Normalisation", "OwnMaxShift", "OwnSumRatio", "find", "match_normalisation", "strip"]
+__all__ = ["Normalisation", "OwnMaxShift", "OwnShiftRatio", "OwnSumRatio", "find", "match_normalisation", "strip"]

@@ -98,6 +98,12 @@ _MODULE_INTERNALS = frozenset({"training", "_parameters", "_buffers", "_non_pers
 _PLAIN = (int, float, bool, str, bytes, type(None), torch.dtype, torch.device)
 
 
+def poison_read() -> bool:
+    """Whether a trace under :func:`recording` read a layer attribute that differs between layers
+    (a dynamic-shape export that failed for it must not be retried in the same recording)."""
+    return bool(_READS)
+
+
 class _ReadDuringReuse(Exception):
     """A poisoned attribute was read: the representative's ops may depend on its value."""
 
@@ -375,6 +381,12 @@ def _original(value: Any) -> Any:
     return object.__getattribute__(value, "_qlint_original") if type(value) is _Poison else value
 
 
+def _symbolic_size(node: fx.Node) -> bool:
+    """A length of a dynamic export (``sym_size`` of an input, arithmetic on it): the same symbol
+    for every layer whose call matched the representative's shapes, so a copy may read it too."""
+    return isinstance(node.meta.get("val"), (torch.SymInt, torch.SymFloat, torch.SymBool))
+
+
 def _representative_forward(rep: torch.nn.Module, group: Group) -> Any:
     original = type(rep).forward.__get__(rep)
 
@@ -565,7 +577,7 @@ def _region(group: Group, marks: dict[str, fx.Node]) -> tuple[list[fx.Node], dic
         if schema is not None and schema.is_mutable:
             raise ReuseAbandoned(f"`{group.representative}` writes in place ({node.target})")
         for source in node.all_input_nodes:
-            if source not in inside and source not in inputs.values() and source.op != "get_attr":
+            if source not in inside and source not in inputs.values() and source.op != "get_attr" and not _symbolic_size(source):
                 raise ReuseAbandoned(f"`{group.representative}` reads `{source.name}`, which is not one of its arguments")
         for user in node.users:
             if user not in inside and user not in outputs.values():

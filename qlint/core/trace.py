@@ -35,8 +35,9 @@ import torch.fx as fx
 
 from qlint.core.errors import QlintError
 
-from qlint.core import hops
+from qlint.core import hops, shapes
 from qlint.core import reuse as reuse_layers
+from qlint.core.graph import TORCH_DIR
 from qlint.core.ops import declared_name
 
 TRACERS = ("symbolic_trace", "export", "make_fx")
@@ -57,6 +58,8 @@ class TracedGraph:
     data_inputs: Optional[list[fx.Node]] = None
     replayed: list[str] = field(default_factory=list)  # layers whose ops were copied from an identical one
     reuse_abandoned: str = ""  # why identical layers were traced one by one after all
+    shapes: Optional["shapes.ShapeCoverage"] = None  # the input shapes an export graph was checked on
+    example: Optional[tuple] = None  # the inputs it was traced on, when they are not the factory's
 
     @property
     def graph(self) -> fx.Graph:
@@ -85,16 +88,13 @@ class _Tracer(fx.Tracer):
         return "forward" not in m.__dict__ and self.registry.is_leaf(type(m))
 
 
-_TORCH_DIR = torch.__file__.rsplit("/", 1)[0]
-
-
 def _outside_torch_stack() -> str:
     """The current Python stack outside torch and this module, formatted as fx stack traces are."""
     lines = []
     frame = sys._getframe(2)
     while frame is not None:
         file = frame.f_code.co_filename
-        if not file.startswith(_TORCH_DIR) and not file.endswith("/qlint/core/trace.py"):
+        if not file.startswith(TORCH_DIR) and not file.endswith("/qlint/core/trace.py"):
             lines.append(f'  File "{file}", line {frame.f_lineno}, in {frame.f_code.co_name}')
         frame = frame.f_back
     return "\n".join(reversed(lines))
@@ -159,7 +159,8 @@ def unsafe_mutation(graph: fx.Graph, root: torch.nn.Module,
 def _written(node: fx.Node, root: torch.nn.Module) -> list[Any]:
     """The arguments ``node`` writes in place: by the op's schema when it has one (ATen
     overloads, ``torch.ops.aten.mul_.Tensor``), else by PyTorch's naming (``mul_``,
-    ``operator.iadd``, ``inplace=True``, a module with ``inplace = True``) and ``out=``."""
+    ``operator.iadd``, ``inplace=True``, a module with ``inplace = True``) and ``out=``.
+    ``operator.and_`` and ``or_`` are named so only to avoid the keywords: they do not write."""
     if node.kwargs.get("out") is not None:
         return [node.kwargs["out"]]
     first = [node.args[0]] if node.args else []
@@ -174,7 +175,8 @@ def _written(node: fx.Node, root: torch.nn.Module) -> list[Any]:
                         written.append(value)
             return list(dict.fromkeys(w for w in written if w is not None))
         name = getattr(node.target, "__name__", "")
-        if node.target in _IN_PLACE_FUNCTIONS or (name.endswith("_") and not name.endswith("__")) or node.kwargs.get("inplace") is True:
+        named_in_place = name.endswith("_") and not name.endswith("__") and getattr(node.target, "__module__", "") not in ("_operator", "operator")
+        if node.target in _IN_PLACE_FUNCTIONS or named_in_place or node.kwargs.get("inplace") is True:
             return first
     if node.op == "call_method" and isinstance(node.target, str):
         in_place = node.target in _IN_PLACE_METHODS or (node.target.endswith("_") and not node.target.endswith("__"))
@@ -255,7 +257,8 @@ def storages(module: fx.GraphModule, inputs: tuple) -> Optional[dict[fx.Node, se
     state = torch.random.get_rng_state()
     try:
         with torch.no_grad():
-            Recorder(module).run(*(x.clone() if isinstance(x, torch.Tensor) else x for x in inputs))
+            # every value kept alive: a freed tensor's storage address is reused, and would alias a later one
+            Recorder(module, garbage_collect_values=False).run(*(x.clone() if isinstance(x, torch.Tensor) else x for x in inputs))
     except Exception:  # noqa: BLE001  (no storages: the caller falls back to the strict rule)
         return None
     finally:
@@ -363,8 +366,22 @@ def _export(model: torch.nn.Module, inputs: tuple, *, reuse: bool = True) -> fx.
 
 
 def _exported_module(model: torch.nn.Module, inputs: tuple) -> fx.GraphModule:
-    with tensor_outputs(model):
-        program = torch.export.export(model, inputs, strict=False)
+    """The exported graph, every input axis dynamic where the model allows it (:mod:`qlint.core.shapes`),
+    else static; the module's meta records which and the export's shape guards."""
+    dynamic = shapes.automatic(model, inputs)
+    program = None
+    if dynamic is not None:
+        try:
+            with tensor_outputs(model), _dynamic_marks_removed(inputs):
+                program = torch.export.export(model, inputs, strict=False, dynamic_shapes=dynamic)
+        except Exception as exc:  # noqa: BLE001  (a model that cannot be traced symbolically: the static export below)
+            if _caused_by(exc, reuse_layers.ReuseAbandoned) or reuse_layers.poison_read():
+                raise  # the layer copies failed, not the dynamic shapes: the caller traces every layer
+            program = None
+    if program is None:
+        with tensor_outputs(model):
+            program = torch.export.export(model, inputs, strict=False)
+    guards = [str(g) for g in (getattr(program, "_guards_code", None) or [])]
     if any(_mutates(node) for node in program.graph.nodes) or hops.has_regions(program.graph):
         program = program.run_decompositions({})  # functionalise (writes through views become scatters), inline regions
     try:
@@ -372,7 +389,37 @@ def _exported_module(model: torch.nn.Module, inputs: tuple) -> fx.GraphModule:
     except TypeError:  # torch < 2.9
         module = program.module()
     hops.inline_bodies(module)
+    module.meta["qlint_shape_guards"] = guards
+    module.meta["qlint_dynamic"] = dynamic is not None and any(
+        not isinstance(size, int) for n in module.graph.nodes if n.op == "placeholder"
+        for size in getattr(n.meta.get("val"), "shape", ()))
     return module
+
+
+@contextlib.contextmanager
+def _dynamic_marks_removed(inputs: tuple) -> Iterator[None]:
+    """Export marks the example tensors dynamic (``_dynamo_*`` attributes); the marks outlive a
+    failed dynamic export and would make the static one that follows symbolic too."""
+    leaves = [leaf for leaf in torch.utils._pytree.tree_leaves(inputs) if isinstance(leaf, torch.Tensor)]
+    before = [set(vars(leaf)) for leaf in leaves]
+    try:
+        yield
+    finally:
+        for leaf, kept in zip(leaves, before):
+            for name in [n for n in vars(leaf) if n not in kept and "dynamo" in n]:
+                delattr(leaf, name)
+
+
+def _caused_by(exc: BaseException, kind: type) -> bool:
+    """Whether ``exc`` or an exception it was raised from (or during) is a ``kind``."""
+    seen: set[int] = set()
+    current: Optional[BaseException] = exc
+    while current is not None and id(current) not in seen:
+        if isinstance(current, kind):
+            return True
+        seen.add(id(current))
+        current = current.__cause__ or current.__context__
+    return False
 
 
 def _mutates(node: fx.Node) -> bool:
@@ -429,9 +476,10 @@ class _NoLeaves:
 
 
 def capture(model: torch.nn.Module, inputs: Optional[tuple], registry: Any = None, *, prefer: Optional[str] = None,
-            reuse: bool = True) -> TracedGraph:
+            reuse: bool = True, shapes_too: bool = True) -> TracedGraph:
     """The first faithful graph of symbolic_trace, export, make_fx; ``prefer``: that tracer only.
-    ``reuse``: export traces identical layers once (:mod:`qlint.core.reuse`).
+    ``reuse``: export traces identical layers once (:mod:`qlint.core.reuse`). ``shapes_too``: check
+    an export or make_fx graph on other input shapes too (:func:`shape_coverage`).
 
     A tracer the user asked for is a requirement, as an explicit flag is in mypy or ruff:
     when it fails, the TraceFailure says so instead of another tracer's graph being used
@@ -453,6 +501,10 @@ def capture(model: torch.nn.Module, inputs: Optional[tuple], registry: Any = Non
     if prefer and prefer != "symbolic_trace" and inputs is None:
         raise TraceFailure(f"the tracer {prefer} was asked for (--tracer / tracer = ...) and needs example inputs: "
                            "give --input-shape, or return (model, example_inputs) from the factory")
+    redefined = redefining_tensor(model, inputs)
+    if redefined is not None:
+        raise TraceFailure(f"{redefined} is a tensor subclass that redefines the ops it enters (`__torch_function__` or "
+                           "`__torch_dispatch__`): a graph of torch ops does not say what they compute; use plain tensors")
     broken = non_finite_parameters(model) if inputs is not None else []
     if broken:
         more = f" (and {len(broken) - 1} more)" if len(broken) > 1 else ""
@@ -468,7 +520,7 @@ def capture(model: torch.nn.Module, inputs: Optional[tuple], registry: Any = Non
             attempts.append("symbolic_trace: skipped (Hugging Face models branch on tensor values; torch.export follows them)")
             continue
         try:
-            with quiet():
+            with quiet(), grad_state(model.training):
                 if name == "symbolic_trace":
                     module = _symbolic_trace(model, registry, inputs)
                 elif name == "export":
@@ -487,12 +539,13 @@ def capture(model: torch.nn.Module, inputs: Optional[tuple], registry: Any = Non
             attempts.append(f"{name}: {first_line(exc)}")
             errors.append((name, exc))
             continue
+        coverage = shape_coverage(model, module, inputs, name) if shapes_too else None
         return TracedGraph(module=module, tracer=name, attempts=attempts, graph_check=check,
                            replayed=list(module.meta.get("qlint_replayed", [])),
-                           reuse_abandoned=module.meta.get("qlint_reuse_abandoned", ""))
+                           reuse_abandoned=module.meta.get("qlint_reuse_abandoned", ""), shapes=coverage)
     refused = _eager_failure(model, inputs) if inputs is not None and not _has_meta(model, inputs) else None
     if refused is not None:
-        raise TraceFailure(f"{type(model).__name__} does not run on its example inputs {_shapes_of(inputs)}: "
+        raise TraceFailure(f"{type(model).__name__} does not run on its example inputs {shapes_of(inputs)}: "
                            f"{_culprit(model, refused)} raised {first_line(refused)}; "
                            "give inputs the model accepts (--input-shape, or the factory's example inputs)") from refused
     message = explain(model, errors, inputs)
@@ -501,7 +554,46 @@ def capture(model: torch.nn.Module, inputs: Optional[tuple], registry: Any = Non
     raise TraceFailure(message) from (_explained(errors)[1] if errors else None)
 
 
-def _shapes_of(inputs: tuple) -> str:
+def shape_coverage(model: torch.nn.Module, module: fx.GraphModule, inputs: Optional[tuple], tracer: str) -> Optional[shapes.ShapeCoverage]:
+    """The shapes the graph computes the model on (:mod:`qlint.core.shapes`); None for symbolic_trace,
+    whose graph records no shape (a branch on a size stops it), or without values to compare."""
+    if tracer == "symbolic_trace" or inputs is None or _has_meta(model, inputs):
+        return None
+
+    def runs(other: tuple) -> bool:
+        return _eager_failure(model, other) is None
+
+    return shapes.probe(model, inputs, bool(module.meta.get("qlint_dynamic")), list(module.meta.get("qlint_shape_guards", [])),
+                        shapes.symbolic_axes(module, inputs), runs, lambda other: computes(model, module, other),
+                        _argument_names(model, len(inputs)))
+
+
+def _argument_names(model: torch.nn.Module, count: int) -> list[str]:
+    """The names export's guards give the positional inputs (``L['x']``): the forward's parameters."""
+    try:
+        parameters = list(inspect.signature(model.forward).parameters.values())
+    except (TypeError, ValueError):
+        return []
+    names = [p.name for p in parameters if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+    return names[:count]
+
+
+def computes(model: torch.nn.Module, module: fx.GraphModule, inputs: tuple) -> bool:
+    """Whether the graph runs on ``inputs`` and gives the eager model's output there (in the
+    analysed mode's grad state; the model's state and the RNG are restored)."""
+    saved, state = _snapshot(model), torch.random.get_rng_state()
+    try:
+        with quiet(), grad_state(model.training):
+            _compare_again(module, model, inputs, "on inputs of another shape")
+        return True
+    except GraphMismatch:
+        return False
+    finally:
+        _restore(model, saved)
+        torch.random.set_rng_state(state)
+
+
+def shapes_of(inputs: tuple) -> str:
     """``(2, 4, 99) float32, (2, 4) int64``: each example input's shape and dtype (else its type)."""
     return ", ".join(f"{tuple(x.shape)} {str(x.dtype).removeprefix('torch.')}" if isinstance(x, torch.Tensor)
                      else type(x).__name__ for x in inputs)
@@ -526,6 +618,29 @@ def _eager_failure(model: torch.nn.Module, inputs: tuple) -> Optional[BaseExcept
 
 class GraphMismatch(Exception):
     """The traced graph does not compute what the eager model computes."""
+
+
+def redefining_tensor(model: torch.nn.Module, inputs: Optional[tuple]) -> Optional[str]:
+    """The first parameter, buffer or input whose class overrides ``__torch_function__`` or
+    ``__torch_dispatch__`` (a Parameter subclass squaring its output in ``F.linear``): the graph's
+    ``linear`` node would be read as an affine map it is not."""
+    def redefines(tensor: Any) -> bool:
+        cls = type(tensor)
+        if not isinstance(tensor, torch.Tensor) or cls in (torch.Tensor, torch.nn.Parameter):
+            return False
+        function = getattr(cls, "__torch_function__", None)
+        dispatch = getattr(cls, "__torch_dispatch__", None)
+        plain = (torch._C._disabled_torch_function_impl, torch.Tensor.__torch_function__)
+        return getattr(function, "__func__", function) not in [getattr(f, "__func__", f) for f in plain] or \
+            dispatch not in (None, torch._C._disabled_torch_dispatch_impl)
+
+    for name, tensor in [*model.named_parameters(), *model.named_buffers()]:
+        if redefines(tensor):
+            return f"`{name}` ({type(tensor).__name__})"
+    for index, value in enumerate(inputs or ()):
+        if redefines(value):
+            return f"input {index} ({type(value).__name__})"
+    return None
 
 
 def non_finite_parameters(model: torch.nn.Module) -> list[str]:
@@ -559,15 +674,22 @@ def compare_with_eager(model: torch.nn.Module, module: fx.GraphModule, inputs: O
     saved = _snapshot(model)
     state = torch.random.get_rng_state()
     try:
-        with torch.no_grad():
+        with grad_state(model.training):
             torch.manual_seed(0)
             graph_out = ShapeProp(module).propagate(*inputs) if shape_only else module(*inputs)
             first = _eager(model, inputs)
+            module.meta["qlint_written_buffers"] = frozenset(  # buffers the forward writes (BatchNorm's statistics in training)
+                b.untyped_storage().data_ptr() for name, b in model.named_buffers() if b.numel() and not _same_tensor(b, saved[name]))
             _require_same(graph_out, first, "on the example inputs")
             if not _agree(first, _eager(model, inputs)):
                 raise GraphMismatch("the model's output changes between identical calls (state kept across calls, "
                                     "or unseeded randomness): no graph can stand for it")
             floats = any(isinstance(x, torch.Tensor) and x.is_floating_point() for x in inputs)
+            if model.training and floats:  # in training every block after the first reads a value that requires grad
+                wanting = tuple(x.detach().requires_grad_(True) if isinstance(x, torch.Tensor) and x.is_floating_point() else x
+                                for x in inputs)
+                if _eager_runs(model, wanting):  # a model that cannot take them (no CPU backward) never runs so
+                    _compare_again(module, model, wanting, "on inputs that require grad (as in training)")
             for scale in SCALES if floats else ():
                 scaled = tuple(x * scale if isinstance(x, torch.Tensor) and x.is_floating_point() else x for x in inputs)
                 _compare_again(module, model, scaled, f"on the inputs scaled by {scale:g}", scaled=True)
@@ -587,6 +709,13 @@ def compare_with_eager(model: torch.nn.Module, module: fx.GraphModule, inputs: O
 SCALES = (1e3, 1e6)
 
 
+def grad_state(training: bool) -> Any:
+    """The grad mode the analysed mode runs in: training computes gradients, evaluation is
+    inference. The graph is traced and checked in it, so a forward that branches on
+    ``torch.is_grad_enabled()`` or ``x.requires_grad`` is seen taking the path it takes there."""
+    return torch.enable_grad() if training else torch.no_grad()
+
+
 def _has_meta(model: torch.nn.Module, inputs: tuple) -> bool:
     """Meta inputs or parameters: shapes without values."""
     return any(isinstance(x, torch.Tensor) and x.is_meta for x in inputs) or any(p.is_meta for p in model.parameters())
@@ -601,6 +730,14 @@ def _eager(model: torch.nn.Module, inputs: tuple) -> Any:
     torch.manual_seed(0)
     with tensor_outputs(model):
         return model(*inputs)
+
+
+def _eager_runs(model: torch.nn.Module, inputs: tuple) -> bool:
+    try:
+        _eager(model, inputs)
+        return True
+    except Exception:  # noqa: BLE001
+        return False
 
 
 def _compare_again(module: fx.GraphModule, model: torch.nn.Module, inputs: tuple, where: str, *, scaled: bool = False) -> None:
@@ -643,10 +780,22 @@ def _state(model: torch.nn.Module) -> dict[str, torch.Tensor]:
 
 
 def _restore(model: torch.nn.Module, saved: dict[str, torch.Tensor], *, buffers_only: bool = False) -> None:
+    """Put the saved values back; a tensor the forward replaced by one of another shape (a table of
+    positions regrown for a longer input) is replaced by the saved one again."""
     state = dict(model.named_buffers()) if buffers_only else _state(model)
     with torch.no_grad():
         for name, tensor in state.items():
-            tensor.copy_(saved[name])
+            if name not in saved:
+                continue  # registered by the forward itself: nothing to go back to
+            if tensor.shape == saved[name].shape:
+                tensor.copy_(saved[name])
+                continue
+            owner, _, leaf = name.rpartition(".")
+            module = model.get_submodule(owner)
+            if leaf in module._buffers:
+                module._buffers[leaf] = saved[name].clone()
+            else:
+                tensor.data = saved[name].clone()
 
 
 def shares_parameters(module: fx.GraphModule, model: torch.nn.Module) -> bool:
@@ -671,6 +820,10 @@ def _redraws(model: torch.nn.Module, saved: dict[str, torch.Tensor]) -> Iterator
             for (parameter, original), spread in zip(parameters, spreads):  # in place, in the parameter's dtype
                 parameter.normal_(0.0, 0.1 * max(spread, 0.1), generator=generator).add_(original, alpha=sign)
         yield label
+
+
+def _same_tensor(a: torch.Tensor, b: torch.Tensor) -> bool:
+    return a.shape == b.shape and a.dtype == b.dtype and bool(torch.equal(a, b) or (a.is_floating_point() and torch.allclose(a, b, equal_nan=True, rtol=0, atol=0)))
 
 
 def _close(a: torch.Tensor, b: torch.Tensor) -> bool:
@@ -728,7 +881,7 @@ def explain(model: torch.nn.Module, errors: list[tuple[str, BaseException]], inp
     if construct is None:
         return (
             f"could not trace {type(model).__name__}: {subject} raised {first_line(exc)} ({name}); "
-            f"check that the model runs on its example inputs{f' {_shapes_of(inputs)}' if inputs else ''} (--traceback shows where)"
+            f"check that the model runs on its example inputs{f' {shapes_of(inputs)}' if inputs else ''} (--traceback shows where)"
         )
     hint = "give --input-shape so torch.export can run it, or " if inputs is None else ""
     leaf = type(owner if path else model)
@@ -773,7 +926,7 @@ def _user_frame(exc: BaseException) -> Optional[str]:
     import traceback
 
     for frame in reversed(traceback.extract_tb(exc.__traceback__)):
-        if not frame.filename.startswith(_TORCH_DIR) and "/qlint/core/" not in frame.filename and "/qlint/analysis" not in frame.filename:
+        if not frame.filename.startswith(TORCH_DIR) and "/qlint/core/" not in frame.filename and "/qlint/analysis" not in frame.filename:
             return f"{frame.filename}:{frame.lineno} `{(frame.line or '').strip()}`"
     return None
 

@@ -11,6 +11,7 @@ and the message wording come from one place.
 
 from __future__ import annotations
 
+import traceback
 from typing import Any, Iterable, Optional
 
 from qlint.core.results import Finding
@@ -25,14 +26,39 @@ def load_checkers() -> dict[str, Checker]:
 
 
 def run_checks(analysis: Any, codes: Optional[Iterable[str]] = None) -> list[Finding]:
-    """Every finding of every registered checker, in code order."""
+    """Every finding of every registered checker, in code order.
+
+    Each checker runs isolated: an exception inside one (a bug in a rule, a model its
+    author did not foresee) costs that rule's result only. The findings it yielded before
+    the exception are kept, and the exception becomes one internal-error finding of the
+    rule's code naming the rule and the model (:meth:`Rule.internal_error`); its formatted
+    traceback is kept in the report's ``extra["internal_errors"]`` (``--traceback``).
+    Every other rule, the blocks and the verdict stand.
+    """
     checkers = load_checkers()
     wanted = set(codes) if codes is not None else None
     findings: list[Finding] = []
     for code in sorted(checkers):
         if wanted is None or code in wanted:
-            findings.extend(checkers[code](analysis))
+            findings.extend(_isolated(code, checkers[code], analysis))
     return findings
+
+
+def _isolated(code: str, check: Checker, analysis: Any) -> list[Finding]:
+    """The checker's findings, the exception it raised turned into an internal-error finding."""
+    found: list[Finding] = []
+    try:
+        for finding in check(analysis):
+            found.append(finding)
+    except Exception as exc:  # noqa: BLE001  (any bug in one rule; KeyboardInterrupt and SystemExit pass)
+        report = getattr(analysis, "report", None)
+        spec = getattr(report, "spec", None) or type(getattr(analysis, "model", analysis)).__name__
+        error = rule(code).internal_error(spec, exc)
+        found.append(error)
+        if report is not None:
+            text = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
+            report.extra.setdefault("internal_errors", []).append({"code": code, "message": error.message, "traceback": text})
+    return found
 
 
 __all__ = ["CHECKERS", "Rule", "checker", "load_checkers", "rule", "rules", "run_checks"]

@@ -2,23 +2,29 @@
 
 from __future__ import annotations
 
+import inspect
 from dataclasses import dataclass
 from typing import Iterable, Iterator, Optional
 
 import torch.fx as fx
 
-from qlint.core.engine import Analysis, source_of
+from qlint.core.engine import Analysis, relative, source_of
 from qlint.core.graph import GraphFacts, module_path
 from qlint.core.ops import op_name
-from qlint.core.results import Finding
+from qlint.core.results import Finding, Source
 from qlint.lint.rule import checker, rule
 from qlint.lint.graph_queries import argument, family, is_normalizer, op
 
 # ops between Q·K and the softmax that leave the logits' magnitude in the weights' hands
-_LOGIT_PLUMBING = frozenset({"carrier", "scale", "sum", "mask"})  # scaled, shifted, masked or recast logits are still logits
+# scaled, shifted, masked or recast logits are still logits, and so are logits with extra columns
+# (gpt-oss's attention sinks: softmax(cat([q·k, sinks]) - max), an off-by-one softmax's zero column)
+_LOGIT_PLUMBING = frozenset({"carrier", "scale", "sum", "mask", "concat"})
 # ops between a projection and the Q·K product that carry q (or k) unchanged in magnitude:
 # head splits, casts, scaling by constants, rotary embeddings (x*cos + rotate_half(x)*sin)
 _HEAD_PLUMBING = frozenset({"carrier", "scale", "sum", "concat"})  # head splits, RoPE, scaling: not a normalization
+# the projection itself: reaching it before a normalization means q (or k) is not normalised after it,
+# whatever normalised the block's input (HF GPT-2's fused c_attn is an addmm, a "sum" with a bias)
+_PROJECTION = frozenset({"matmul", "layer"})
 
 
 @dataclass
@@ -44,6 +50,10 @@ def _attentions(analysis: Analysis) -> Iterator[_Attention]:
             yield _Attention(node, module_path(node) or root, [o for o in operands if isinstance(o, fx.Node)], "")
         elif kind == "mha_functional":
             yield _Attention(node, module_path(node) or root, [], "", "multi_head_attention_forward")
+        elif kind == "window_attention" and argument(node, "logit_scale") is None:
+            # torchvision's Swin attention, one call under symbolic_trace: q·k scaled by 1/sqrt(d) (V1);
+            # with a logit_scale it is Swin V2's cosine attention, normalize(q)·normalize(k) (QK-normed)
+            yield _Attention(node, module_path(node) or root, [], "", "shifted_window_attention")
         elif "softmax" in family(node):
             yield from softmax_attentions(node, data, root)
 
@@ -94,8 +104,8 @@ def _normalised(operand: fx.Node, graph: GraphFacts) -> bool:
         seen.add(node)
         if is_normalizer(node):
             continue
-        if not family(node) & _HEAD_PLUMBING:
-            return False
+        if family(node) & _PROJECTION or not family(node) & _HEAD_PLUMBING:
+            return False  # the projection (or an op that is no head plumbing) before any normalization
         stack.extend(graph.parents.get(node, ()))
     return True
 
@@ -132,4 +142,18 @@ def unbounded_attention_logits(analysis: Analysis) -> Iterable[Finding]:
         if reason is None or attention.path in reported:
             continue
         reported.add(attention.path)
-        yield rule("QL201").finding(attention.path, source_of(attention.node), path=attention.path, reason=reason)
+        yield rule("QL201").finding(attention.path, _source(attention, analysis), path=attention.path, reason=reason)
+
+
+def _source(attention: _Attention, analysis: Analysis) -> Optional[Source]:
+    """The line that computes the logits; where the trace kept none (a call symbolic_trace keeps
+    whole, recorded without the frames of the module that made it), the module's forward."""
+    found = source_of(attention.node)
+    if found is not None:
+        return found
+    try:
+        forward = type(analysis.model.get_submodule(attention.path)).forward
+        file, (_, line) = inspect.getsourcefile(forward), inspect.getsourcelines(forward)
+    except (AttributeError, TypeError, OSError):
+        return None
+    return Source(relative(file), line) if file else None

@@ -176,7 +176,7 @@ def _branch_end(term: fx.Node, analysis: Analysis) -> tuple[Optional[float], fx.
             return None, node
         if value.numel() == 0:
             return scale, node
-        magnitude = value.abs()
+        magnitude = _magnitude(value)
         scale *= float(magnitude.max()) if kind == "mul" else 1 / max(float(magnitude.min()), 1e-30)
         node = dependent[0]
 
@@ -194,7 +194,16 @@ def _norm_gain(node: fx.Node, analysis: Analysis) -> Optional[float]:
         return 1.0
     if value is None or value.is_meta:
         return None
-    return float(value.abs().max()) if value.numel() else 1.0
+    return float(_magnitude(value).max()) if value.numel() else 1.0
+
+
+def _magnitude(value: torch.Tensor) -> torch.Tensor:
+    """|value| entrywise, in floating point: a factor may be a bool mask (DAC's residual
+    quantizer multiplies by ``full(...) < n``) or an integer tensor, whose abs torch lacks or
+    would overflow."""
+    if not (value.is_floating_point() or value.is_complex()):
+        value = value.to(torch.float64)
+    return value.abs()
 
 
 def _affine_gain(node: fx.Node, analysis: Analysis) -> Optional[float]:
@@ -207,10 +216,10 @@ def _affine_gain(node: fx.Node, analysis: Analysis) -> Optional[float]:
     eps = argument(node, "eps", 1e-5)
     if var is None or var.is_meta or not var.numel() or not isinstance(eps, (int, float)):
         return None
-    top = 1.0 if weight is None else (None if gamma is None or gamma.is_meta else float(gamma.abs().max()) if gamma.numel() else 1.0)
+    top = 1.0 if weight is None else (None if gamma is None or gamma.is_meta else float(_magnitude(gamma).max()) if gamma.numel() else 1.0)
     if top is None:
         return None
-    return top / math.sqrt(max(float(var.min()), 0.0) + eps)
+    return top / math.sqrt(max(float(var.to(torch.float64).min()), 0.0) + eps)
 
 
 def _weight(node: fx.Node, analysis: Analysis) -> tuple[bool, Optional[torch.Tensor]]:

@@ -74,28 +74,58 @@ def post_activation(analysis: Analysis) -> Iterable[Finding]:
 
 @checker("QL106")
 def uncovered(analysis: Analysis) -> Iterable[Finding]:
-    stream = analysis.stream
-    if not stream.blocks:
-        yield rule("QL106").finding(None, None, reason=analysis.report.uncovered[0])
-        return
-    by_name: dict[str, Any] = {b.name: b for b in analysis.report.blocks}
-    by_name.update({t.name: t for t in analysis.report.transitions})
-    for part in [*stream.blocks, *stream.transitions]:
-        if not part.older:
-            continue
-        result = by_name[part.name]
-        kind = "block" if part in stream.blocks else "transition"
-        values = ", ".join(f"`{_value_name(u, analysis)}`" for u in part.older)
-        yield rule("QL106").finding(
-            part.name,
-            result.source,
-            reason=f"{kind} `{part.name}` reads {values}, an older value of its own stream, besides its input: "
-                   "a dense or long skip is outside the per-block analysis",
-        )
-
-
-def _value_name(node: Any, analysis: Analysis) -> str:
     from qlint.core.engine import source_of
 
-    source = source_of(node)
-    return f"{node.name}" + (f" ({source})" if source else "")
+    by_name: dict[str, Any] = {b.name: b for b in analysis.report.blocks}
+    by_name.update({t.name: t for t in analysis.report.transitions})
+    for gap in analysis.gaps:
+        part = by_name.get(gap.part) if gap.part else None
+        source = part.source if part is not None else (source_of(gap.node) if gap.node is not None else None)
+        yield rule("QL106").finding(gap.part, source, reason=gap.reason)
+
+
+@checker("QL107")
+def witness_refuted(analysis: Analysis) -> Iterable[Finding]:
+    witnessed = getattr(analysis, "witness", None)
+    if witnessed is None:
+        return
+    by_name = {b.name: b for b in analysis.report.blocks}
+    for refutation in witnessed.refuted:
+        block = by_name.get(refutation.block)
+        what = f"block `{refutation.block}`" if block is not None else "the model"
+        yield rule("QL107").finding(refutation.block if block is not None else None, block.source if block else None,
+                                    what=what, measurement=refutation.measurement)
+
+
+@checker("QL108")
+def parameter_hazard(analysis: Analysis) -> Iterable[Finding]:
+    from qlint.core.engine import source_of
+
+    owners = _units_reading(analysis)
+    for node, hazard in analysis.prop.hazards.items():
+        owner = owners.get(node)
+        yield rule("QL108").finding(owner, source_of(node), node=node.name, hazard=hazard.replace(": not finite for every parameter value", ""))
+
+
+def _units_reading(analysis: Analysis) -> dict[Any, Optional[str]]:
+    """For each parameter-only node, the first block or transition whose region reads it (through
+    other parameter-only values)."""
+    graph = analysis.graph
+    member: dict[Any, str] = {}
+    for part in [*analysis.stream.blocks, *analysis.stream.transitions]:
+        for node in part.region:
+            member.setdefault(node, part.name)
+    owners: dict[Any, Optional[str]] = {}
+    for node in analysis.prop.hazards:
+        seen, frontier, owner = set(), [node], None
+        while frontier and owner is None:
+            current = frontier.pop(0)
+            for user in current.users:
+                if user in member:
+                    owner = member[user]
+                    break
+                if user not in seen and user not in graph.data:
+                    seen.add(user)
+                    frontier.append(user)
+        owners[node] = owner
+    return owners

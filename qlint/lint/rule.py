@@ -43,6 +43,20 @@ class Rule:
         others = tuple(dict.fromkeys(s for s in related if s is not None and s != source))
         return Finding(self.code, self.severity, self.message.format(**fields), block, source, related=others)
 
+    def internal_error(self, model: str, exc: BaseException) -> Finding:
+        """The finding that stands for this rule's result when its checker raised ``exc`` on
+        ``model``: of the rule's code, naming the rule, the model and the exception.
+
+        Severity info for a warning or info rule, so a crash in a rule that does not gate
+        neither fails the run nor hides the rest of the report; error for an error rule (the
+        gate fails closed: its silence is not a pass)."""
+        first = (str(exc).strip().splitlines() or [""])[0]
+        error = f"{type(exc).__name__}: {first}" if first else type(exc).__name__
+        severity: Severity = "error" if self.severity == "error" else "info"
+        message = (f"internal error in rule {self.code} ({self.name}) on `{model}`: {error}; this rule's result is "
+                   f"missing for this model, every other result stands (rerun with --traceback for the Python trace)")
+        return Finding(self.code, severity, message)
+
     def doc(self) -> str:
         """The rule's documentation as Markdown (``qlint explain``, docs/rules.md)."""
         return "\n".join(

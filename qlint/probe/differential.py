@@ -121,6 +121,18 @@ UNARY: dict[str, tuple[Callable, tuple]] = {
     "hand_rms": (_hand_rms, (1e-6, -1e-3)),
     "hand_ln": (_hand_ln, (1e-5, -1e-5)),
     "hand_l2": (_hand_l2, (1e-6, -1e-6)),
+    # multi-output ops read through their named outputs (a rule's tuple must match the op's)
+    "max_values": (lambda a: torch.max(a, -1, keepdim=True).values.expand_as(a), ()),
+    "sort_values": (lambda a: torch.sort(a, -1).values, ()),
+    "topk_values": (lambda a: torch.topk(a, 2, -1).values.repeat(1, 1, D // 2), ()),
+    "var_mean_first": (lambda a: torch.var_mean(a, -1, keepdim=True)[0].expand_as(a), ()),
+    "split_cat": (lambda a: torch.cat(a.split(2, -1)[::-1], -1), ()),
+    "embedding_bag": (lambda a: F.embedding_bag(torch.arange(4).view(2, 2), a.reshape(-1, D), mode="sum")[:, None, :].expand_as(a), ()),
+    # branches the example's grad mode or shape decides: the graph check must see the other path
+    "grad_dispatch": (lambda a: a * a if a.requires_grad else a, ()),
+    "grad_enabled_dispatch": (lambda a: a * a if torch.is_grad_enabled() else a, ()),
+    "shape_dispatch": (lambda a: a * a if a.shape[-2] > SHAPE[-2] else a, ()),
+    "bits": (lambda a: (a.float().view(torch.int32) * 2).view(torch.float32).to(a.dtype), ()),
 }
 
 BINARY: dict[str, tuple[Callable, tuple]] = {
@@ -144,6 +156,12 @@ BINARY: dict[str, tuple[Callable, tuple]] = {
     "cat": (lambda a, b: torch.cat([a, b], -1)[..., :D], ()),
     "add_alpha": (lambda a, b, alpha: torch.add(a, b, alpha=alpha), (2.0, -1.0)),
     "lerp": (lambda a, b, w: torch.lerp(a, b, w), (0.5, 2.0, -1.0)),
+    # a 0-dim tensor computed from the input in a parameter's place
+    "leaky_by": (lambda a, b: F.leaky_relu(a, b.mean()), ()),
+    "elu_by": (lambda a, b: F.elu(a, b.abs().mean()), ()),
+    "clamp_min_by": (lambda a, b: torch.clamp(a, min=b.mean()), ()),
+    "pow_by": (lambda a, b: a.abs() ** (1 + torch.sigmoid(b.mean())), ()),
+    "threshold_by": (lambda a, b: F.threshold(a, 0.0, b.mean()), ()),
 }
 
 TERNARY: dict[str, Callable] = {
@@ -154,7 +172,8 @@ TERNARY: dict[str, Callable] = {
 
 # how the block writes its update of the stream x with velocity v (and two more branches)
 STREAMS = ("plus", "minus", "plus_left", "add_kwargs", "add_alpha", "two_x", "alpha_param", "lerp_const", "lerp_param",
-           "addcmul", "python_sum", "stack_sum", "identity_skip", "carry", "no_skip", "slice_skip")
+           "addcmul", "python_sum", "stack_sum", "identity_skip", "carry", "no_skip", "slice_skip", "row_broadcast",
+           "token_broadcast", "stem_head")
 
 
 @dataclass(frozen=True)
@@ -236,6 +255,7 @@ class Generated(nn.Module):
         self.alpha = nn.Parameter(torch.tensor(1.3))
         self.carry = nn.Parameter(torch.full((D,), 0.7))
         self.skip = nn.Identity()
+        self.stem, self.head = nn.Linear(D, 2 * D), nn.Linear(2 * D, D)
 
     def _allocate(self, recipe: Recipe, generator: torch.Generator) -> None:
         kind = recipe[0]
@@ -306,6 +326,13 @@ class Generated(nn.Module):
             return self.carry * x + v
         if stream == "slice_skip":
             return x[..., :] * 1.0 + v
+        if stream == "row_broadcast":  # one value per token, broadcast back over the channels
+            return x + v.sum(-1, keepdim=True)
+        if stream == "token_broadcast":  # one value per channel, pooled over the tokens
+            return x + v.mean(-2, keepdim=True)
+        if stream == "stem_head":  # the update between a stem and a head of another width
+            h = self.stem(x)
+            return self.head(h + self.evaluate(self.example.velocity, h[..., :D]).sum(-1, keepdim=True))
         return v  # no_skip
 
 
@@ -326,8 +353,11 @@ class Outcome:
         return not self.violation
 
 
-def inputs(seed: int = 0) -> tuple[torch.Tensor]:
-    return (torch.randn(SHAPE, generator=torch.Generator().manual_seed(seed)),)
+LONGER = (*SHAPE[:-2], SHAPE[-2] + 2, SHAPE[-1])  # a second length the witness measures at (shape dispatch)
+
+
+def inputs(seed: int = 0, shape: tuple = SHAPE) -> tuple[torch.Tensor]:
+    return (torch.randn(shape, generator=torch.Generator().manual_seed(seed)),)
 
 
 def check(example: Example, *, quick: bool = True) -> Outcome:
@@ -350,11 +380,21 @@ def check(example: Example, *, quick: bool = True) -> Outcome:
     if report.verdict != "certified":
         return outcome
 
-    def build() -> tuple[nn.Module, torch.Tensor]:
-        fresh = Generated(example).double()
-        return fresh, inputs()[0].double()
+    measured = None
+    for shape in (SHAPE, LONGER):  # the example's length, and a longer one the trace never saw
 
-    measured = witness(build, quick=quick)
+        def build(shape: tuple = shape) -> tuple[nn.Module, torch.Tensor]:
+            fresh = Generated(example).double()
+            return fresh, inputs(shape=shape)[0].double()
+
+        try:
+            found = witness(build, quick=quick, grad=model.training)  # in the grad mode training runs in
+        except Exception:  # noqa: BLE001  (the model does not run at the longer length: nothing there)
+            continue
+        if measured is None:
+            measured = found
+        else:
+            measured.rays += found.rays
     outcome.measured, outcome.nonfinite = measured.measured, measured.nonfinite
     bound = 1.0
     if len(report.blocks) == 1 and not report.transitions and report.blocks[0].q is not None:

@@ -132,12 +132,14 @@ class VelocityField:
         return self.trajectory.values[self.block.stream]
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        """v(x); random ops (dropout in train mode) draw the same numbers at every call."""
+        """v(x); random ops (dropout in train mode) draw the same numbers at every call. A join that
+        widens the stream (cat([x, g(x)])) returns F(x) itself: ||v|| = ||g(x)|| <= ||F(x)||."""
         self.evaluations += 1
         with torch.random.fork_rng(devices=[x.device] if x.device.type == "cuda" else []):
             torch.manual_seed(0)
             local = run_cone(self.interpreter, {self.block.stream: x}, self.block.region, self.trajectory.values)
-        return local[self.block.join] - x
+        out = local[self.block.join]
+        return out - x if out.shape == x.shape else out
 
 
 # --- power iteration on Jacobian-vector products --------------------------------------

@@ -94,7 +94,7 @@ def _model_directions(model: torch.nn.Module, x: torch.Tensor, hints: dict, quic
     return directions(x, weights, random_count=1 if quick else 3, quick=quick) + hinted
 
 
-def _redraw(scale: float, seed: int) -> Callable[[torch.nn.Module], None]:
+def redraw(scale: float, seed: int) -> Callable[[torch.nn.Module], None]:
     def apply(model: torch.nn.Module) -> None:
         g = torch.Generator().manual_seed(seed)
         for p in model.parameters():
@@ -109,9 +109,9 @@ def _negate(model: torch.nn.Module) -> None:
 
 
 def perturbations(hints: dict, quick: bool) -> list[tuple[str, Optional[Callable]]]:
-    out: list[tuple[str, Optional[Callable]]] = [(AS_BUILT, None), ("redrawn", _redraw(1.0, 7))]
+    out: list[tuple[str, Optional[Callable]]] = [(AS_BUILT, None), ("redrawn", redraw(1.0, 7))]
     if not quick:
-        out += [("negated", _negate), ("redrawn x3", _redraw(3.0, 11))]
+        out += [("negated", _negate), ("redrawn x3", redraw(3.0, 11))]
     out += list(hints.get("perturb", {}).items())
     return out
 
@@ -239,14 +239,17 @@ class Witness:
         return max(finite, key=lambda r: r.tail_slope) if finite else None
 
 
-def witness(build: Callable[[], tuple[torch.nn.Module, torch.Tensor]], *, quick: bool = False, hints: Optional[dict] = None) -> Witness:
-    """Measure a freshly built (float64) model and input under every perturbation and direction."""
+def witness(build: Callable[[], tuple[torch.nn.Module, torch.Tensor]], *, quick: bool = False, hints: Optional[dict] = None,
+            grad: bool = False) -> Witness:
+    """Measure a freshly built (float64) model and input under every perturbation and direction;
+    ``grad``: with gradients enabled (a training forward, which may branch on it)."""
     hints = hints or {}
     result = Witness()
-    with torch.no_grad():
+    with torch.set_grad_enabled(grad):
         for name, perturb in perturbations(hints, quick):
             model, x = build()
             if perturb is not None:
-                perturb(model)
+                with torch.no_grad():
+                    perturb(model)
             result.rays.extend(measure_rays(model, _model_directions(model, x, hints, quick), name))
     return result

@@ -15,10 +15,10 @@ out (poles such as ``tan``, products such as ``prod`` without shapes) are listed
 
 from __future__ import annotations
 
-import inspect
-
 import importlib
+import inspect
 import math
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Iterable, Optional, Union
@@ -156,6 +156,7 @@ class Registry:
         self.by_id: dict[str, Primitive] = {}
         self._by_key: dict[tuple[str, Any], Primitive] = {}
         self.unresolved: list[tuple[str, str]] = []
+        self.deferred: dict[str, Primitive] = {}  # targets in libraries not imported yet, by dotted name
         self.declared: dict[type, Declared] = dict(declared or {})
         for primitive in primitives:
             self.add(primitive)
@@ -166,6 +167,10 @@ class Registry:
         self.primitives.append(primitive)
         self.by_id[primitive.id] = primitive
         for target in primitive.targets:
+            if _in_unloaded_library(target):
+                if self.deferred.setdefault(target, primitive) is not primitive:
+                    raise ValueError(f"{target} is claimed by both {self.deferred[target].id!r} and {primitive.id!r}")
+                continue
             key = resolve(target)
             if key is None:
                 self.unresolved.append((primitive.id, target))
@@ -180,7 +185,7 @@ class Registry:
         """This registry with more user declarations layered on top (no mutation)."""
         layered = Registry.__new__(Registry)
         layered.primitives, layered.by_id, layered._by_key = self.primitives, self.by_id, self._by_key
-        layered.unresolved = self.unresolved
+        layered.unresolved, layered.deferred = self.unresolved, self.deferred
         layered.declared = {**self.declared, **declared}
         return layered
 
@@ -192,14 +197,34 @@ class Registry:
         if op == "call_function":
             name = qualified_op_name(target)
             try:
-                return self._by_key.get(("op", name) if name else ("function", target))
+                return self._by_key.get(("op", name)) if name else self._keyed("function", target)
             except TypeError:
                 return None
         if op == "call_method":
             return self._by_key.get(("method", target)) if _torch_method(target) else None
         if op == "call_module":
-            return self._by_key.get(("module", target))
+            return self._keyed("module", target)
         return None
+
+    def _keyed(self, kind: str, obj: Any) -> Optional[Primitive]:
+        """The entry of a function or class, resolving a deferred target on first sight.
+
+        A target in a library that was not imported when the registry was built (torchvision
+        costs a second) is found by the object's ``__module__.__qualname__`` and accepted only
+        if that dotted name resolves to this very object, so a look-alike name is not enough.
+        """
+        found = self._by_key.get((kind, obj))
+        if found is not None or not self.deferred:
+            return found
+        name = f"{getattr(obj, '__module__', None)}.{getattr(obj, '__qualname__', None)}"
+        primitive = self.deferred.get(name if kind == "function" else f"module:{name}")
+        if primitive is None:
+            return None
+        key = resolve(name)
+        if key is None or key[1] is not obj:
+            return None
+        self._by_key[(kind, obj)] = primitive
+        return primitive
 
     def knows(self, op: str, target: Any) -> bool:
         """Whether an entry bounds the op (the deliberately unbounded entries do not)."""
@@ -208,10 +233,18 @@ class Registry:
 
     def is_leaf(self, cls: type) -> bool:
         """Whether symbolic_trace keeps an instance of this exact class as one node."""
-        return ("module", cls) in self._by_key or self.declaration(cls) is not None
+        return self._keyed("module", cls) is not None or self.declaration(cls) is not None
 
     def keys(self) -> Iterable[tuple[str, Any]]:
         return self._by_key.keys()
+
+
+def _in_unloaded_library(target: str) -> bool:
+    """A dotted-path target whose top-level package is not imported (and is not torch)."""
+    path = target.removeprefix("module:")
+    if ":" in path or path.startswith(("aten.", "torch.")):
+        return False
+    return path.split(".", 1)[0] not in sys.modules
 
 
 def qualified_op_name(target: Any) -> Optional[str]:
@@ -249,6 +282,9 @@ def resolve(target: str) -> Optional[tuple[str, Any]]:
         namespace, _, name = target.removeprefix("torch.ops.").partition(".")
         if not namespace or not name or "." in name:
             return None
+        if namespace == "higher_order":  # a higher-order op is one object, keyed as a function
+            hop = getattr(torch.ops.higher_order, name, None)
+            return ("function", hop) if hop is not None else None
         if namespace == "aten" and getattr(torch.ops.aten, name, None) is None:
             return None  # a conventional spelling this torch lacks; other libraries register theirs on import
         return ("op", f"{namespace}::{name}")

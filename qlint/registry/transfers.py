@@ -16,8 +16,9 @@ import torch.fx as fx
 
 from qlint.core import algebra, domain
 from qlint.core.domain import ANY, CONSTANT, Growth, Range, unknown
-from qlint.core.graph import META_ATTRIBUTES, tensor_meta
+from qlint.core.graph import META_ATTRIBUTES, dtype_of, sizes
 from qlint.core.ops import Call, growths_in
+from qlint.core.propagate import ANY_LENGTH, TENSOR, output_structure
 
 TRANSFERS: dict[str, Callable[..., Any]] = {}
 
@@ -107,10 +108,33 @@ def _scaled(g: Optional[Growth], factor: Any) -> Optional[Growth]:
     return combine_product(g, f, r=domain.mul(_range_of(g), _range_of(f)))
 
 
+def outputs(call: Call, *values: Growth, rest: Optional[Growth] = None) -> Any:
+    """The op's outputs, as many as the tensors it returns (its trace, else its schema):
+    ``values`` in order, then ``rest`` for any further one (unknown when not given). One tensor:
+    ``values[0]``. A rule written once for a family of overloads (``sort`` / ``msort``,
+    ``native_batch_norm`` / ``_batch_norm_impl_index``) so gives each overload its own structure."""
+    expected = output_structure(call.node) if call.node is not None else None
+    if expected == TENSOR or (expected is None and len(values) == 1):
+        return values[0]
+    if not isinstance(expected, tuple) or expected == (ANY_LENGTH,):
+        return tuple(values)
+    extra = rest if rest is not None else unknown(f"an output of {call.label()} its rule does not bound")
+    return tuple(values[i] if i < len(values) else extra for i in range(len(expected)))
+
+
 def hazard(what: str) -> Growth:
     """A per-parameter value that is NaN or infinite for some parameter values (the sqrt or
-    log of a parameter that may be negative): unknown, and contagious downstream."""
+    log of a parameter that may be negative). The propagation reads it at the model's own
+    parameter values (:meth:`qlint.core.propagate.GrowthProp._parameter_value`): a numerical
+    hazard (QL108), or unknown where it is not finite there."""
     return Growth(None, depends=False, culprit=f"{what}: not finite for every parameter value")
+
+
+def _has_zero(value: Any) -> bool:
+    """A divisor's value with a 0 in it (a number or a tensor)."""
+    import torch
+
+    return bool((value == 0).any()) if isinstance(value, torch.Tensor) else value == 0
 
 
 def _argument_node(call: Call, name: str) -> Any:
@@ -209,8 +233,8 @@ def default(call: Call, entry: Any) -> Any:
     realness = {"real": True, "complex": False}.get(entry.real or "", x.real)
     r = entry.declared_range(x.range) if (at_default and x.real is True) else ANY
     if not x.depends:
-        return Growth(0.0, depends=False, real=realness, range=r)
-    return Growth(algebra.compose(entry.exponent, x.q), real=realness, range=r, culprit=x.culprit)
+        return outputs(call, Growth(0.0, depends=False, real=realness, range=r))
+    return outputs(call, Growth(algebra.compose(entry.exponent, x.q), real=realness, range=r, culprit=x.culprit))
 
 
 def _params_at_default(call: Call, entry: Any) -> bool:
@@ -240,13 +264,20 @@ def select(call: Call, entry: Any) -> Any:
     if dynamic is not None:
         call.every()
         return unknown(dynamic)
-    source = call.value("input")
+    if call.op in ("view", "view_copy", "_view_dtype") and any(_is_dtype(v) for v in _flat(list(call.arguments.values()))):
+        call.every()  # h.view(torch.int32): the same bits read as another type; (i * 2).view(float32) is not 2 h
+        return unknown(f"`{call.op}` to another dtype reinterprets the bits: its values are not the input's")
+    source = call.operand("input")
     index = call.value("index") if call.has("index") else None
     call.selectors("index", "indices", "mask", "repeats", "shifts", "offsets", "sorted_sequence")
     call.accept_params()
-    if isinstance(source, tuple):  # a tuple-valued op: getitem picks one output
+    if isinstance(source, tuple):  # a tuple-valued op (or a shape): getitem picks one output, a slice several
         if _is_number(index) and -len(source) <= int(index) < len(source):
+            call.picked.add("input")  # the other outputs are not read: their growth does not matter here
             return source[int(index)]
+        if isinstance(index, slice) and all(v is None or _is_number(v) for v in (index.start, index.stop, index.step)):
+            call.picked.add("input")
+            return source[index]
         return combine_max(*[s for s in source if isinstance(s, Growth)])
     if not isinstance(source, Growth):
         return domain.constant(source)
@@ -254,6 +285,10 @@ def select(call: Call, entry: Any) -> Any:
     if realness is not source.real:
         return Growth(source.q, depends=source.depends, real=realness, culprit=source.culprit)
     return source
+
+
+def _flat(values: list[Any]) -> list[Any]:
+    return [v for value in values for v in (_flat(list(value)) if isinstance(value, (list, tuple)) else [value])]
 
 
 def _length_from_values(call: Call) -> Optional[str]:
@@ -284,23 +319,42 @@ def cast(call: Call, entry: Any) -> Any:
         if name in ("dtype", "device") and value is not None and not isinstance(value, Growth):
             target = value if _is_dtype(value) else target
         if name == "other" and isinstance(value, Growth):
+            call.meta("other")  # type_as(other): other's dtype only
             target = "complex" if value.real is False else target
     call.accept_params()
     if x is None:
         return CONSTANT
-    kind = _dtype_kind(entry.id, target)
+    produced = dtype_of(call.node)  # what the trace recorded: covers type_as(int), .to(int tensor), .type("torch.LongTensor")
+    kind = _dtype_kind(entry.id, produced if produced is not None else target)
     if kind == "bool":
         return Growth(0.0, depends=x.depends, range=domain.interval(0, 1))
     if kind == "complex":
         return Growth(x.q, depends=x.depends, real=False, culprit=x.culprit)
-    if kind == "int":  # truncation toward zero is monotone: [trunc(lo), trunc(hi)], 0 < x < 1 becomes 0
-        r = x.range
-        trunc = Range(lo=math.trunc(r.lo) if r.lo > -math.inf else -math.inf, hi=math.trunc(r.hi) if r.hi < math.inf else math.inf,
-                      below=r.below, above=r.above) if x.real is True else ANY
-        return Growth(x.q, depends=x.depends, real=True if x.real is not None else None, range=trunc, culprit=x.culprit)
+    if kind == "int":
+        return Growth(x.q, depends=x.depends, real=True if x.real is not None else None,
+                      range=_integer_range(x.range if x.real is True else ANY, produced), culprit=x.culprit)
     if kind == "float" and x.real is False:
         return Growth(x.q, depends=x.depends, real=True, culprit=x.culprit)  # drops the imaginary part
     return x
+
+
+def _integer_range(r: Range, dtype: Any) -> Range:
+    """An integer cast: truncation toward zero, monotone, so [trunc(lo), trunc(hi)] (0 < x < 1
+    becomes 0) while the values fit the type; past its range the value wraps (int8(256.5) = 0,
+    uint8(-5.3) = 251) or is undefined: a narrow type then keeps only its own range (its values
+    are bounded), int32 no order fact (its magnitude still follows the input's, q = q_x). int64 is
+    taken to truncate: it wraps only past 9.2e18, beyond the float32 values a model computes
+    with (a float32 x**3 reaches it at |x| ~ 2e6, where its q = 3 is reported first)."""
+    import torch
+
+    limits = torch.iinfo(dtype) if isinstance(dtype, torch.dtype) and not dtype.is_floating_point and dtype != torch.bool \
+        and not dtype.is_complex else None
+    if limits is not None and (limits.bits >= 64 or limits.min <= r.lo and r.hi <= limits.max):  # int64: past 9.2e18 only
+        return Range(lo=math.trunc(r.lo) if r.lo > -math.inf else -math.inf, hi=math.trunc(r.hi) if r.hi < math.inf else math.inf,
+                     below=r.below, above=r.above)
+    if limits is not None and limits.bits <= 16:  # int8 / uint8 / int16 wrap within reach: only the type's range
+        return Range(lo=float(limits.min), hi=float(limits.max))
+    return ANY  # a wide integer (or an unknown type): no order fact survives a value past its range
 
 
 def _is_dtype(value: Any) -> bool:
@@ -386,8 +440,11 @@ def _sequence(call: Call) -> Growth:
 @transfer("add")
 def add(call: Call, entry: Any) -> Any:
     """a + alpha*b, a - alpha*b, b - alpha*a: Theorem 9(ii); a difference is a + (-b)."""
+    raw_a, raw_b = call.operand("input"), call.operand("other")
+    if entry.id == "add" and isinstance(raw_a, (tuple, list)) and isinstance(raw_b, (tuple, list)):
+        return tuple(v if isinstance(v, Growth) else domain.constant(v) for v in (*raw_a, *raw_b))  # x.size()[:-1] + (n,)
     a, b = call.growth("input"), call.growth("other")
-    alpha = call.value("alpha", 1)
+    alpha = call.operand("alpha", 1)
     if a is None or b is None:
         return combine_max(a, b)
     if entry.id == "rsub":  # rsub(input, other, alpha) = other - alpha * input
@@ -457,7 +514,7 @@ def div(call: Call, entry: Any) -> Any:
     if b.depends and b.real is not True:
         return unknown("division by a complex (or unknown-dtype) value")
     if not b.depends and inverse is None and not nonzero_constant(call, "other"):
-        return hazard("division by a parameter expression that may be 0")
+        call.hazard("division by a parameter expression that may be 0", "other", _has_zero)
     if inverse is None:
         r = ANY
     else:
@@ -484,7 +541,11 @@ def reciprocal(call: Call, entry: Any) -> Any:
             return hazard("rsqrt of a parameter expression that may be <= 0")
         if not nonzero_constant(call, "input"):
             return hazard("reciprocal of a parameter expression that may be 0")
-        return Growth(0.0, depends=False, real=x.real)
+        inverse = _reciprocal_range(x) if entry.id != "rsqrt" else None
+        if entry.id == "rsqrt" and x.range.floor:
+            inverse = Range(lo=0.0, hi=1.0 / math.sqrt(x.range.lo) if x.range.lo > 0 else math.inf, pos=True,
+                            floor=x.range.above)
+        return Growth(0.0, depends=False, real=x.real, range=inverse or ANY)
     if x.real is not True:
         return unknown(f"{entry.name} of a complex (or unknown-dtype) value")
     if entry.id == "rsqrt":
@@ -504,7 +565,7 @@ def power(call: Call, entry: Any) -> Any:
     (it is NaN below); a negative power is a reciprocal and needs |x| >= c > 0; c ** x is
     exp(x ln c). An exponent computed from the input, or held in a parameter, has no fixed
     value, so nothing bounds the power."""
-    base_raw, exp_raw = call.value("input"), call.value("exponent", 2 if entry.id == "square" else None)
+    base_raw, exp_raw = call.operand("input"), call.operand("exponent", 2 if entry.id == "square" else None)
     if entry.id == "square":
         exp_raw = 2
     elif entry.id == "sqrt":
@@ -534,7 +595,7 @@ def power(call: Call, entry: Any) -> Any:
             return hazard(f"x ** {p:g} of a parameter expression that may be negative")
         if p < 0 and not nonzero_constant(call, "input"):
             return hazard(f"x ** {p:g} of a parameter expression that may be 0")
-        return Growth(0.0, depends=False, real=base.real)
+        return Growth(0.0, depends=False, real=base.real, range=_power_range(base.range, p) if base.real is True else ANY)
     if p == 0:
         return Growth(0.0, depends=False, range=domain.point(1.0))
     integer = p == int(p)
@@ -667,8 +728,8 @@ def clamp(call: Call, entry: Any) -> Any:
     bounds: 0 for numbers); with one, |out| <= max(|x|, |bound|). An infinite number is no
     bound. Tensor bounds count with their own growth."""
     x = call.growth("input")
-    low_raw = None if entry.id == "clamp_max" else call.value("min")
-    high_raw = None if entry.id == "clamp_min" else call.value("max")
+    low_raw = None if entry.id == "clamp_max" else call.operand("min")
+    high_raw = None if entry.id == "clamp_min" else call.operand("max")
     if x is None:
         return CONSTANT
     if x.real is False:
@@ -749,8 +810,10 @@ def where(call: Call, entry: Any) -> Any:
               if g is not None]
     if entry.id == "where" and call.has("condition"):
         values = [g for g in (call.growth("input"), call.growth("other")) if g is not None]
-        if not call.has("input"):
-            return Growth(0.0, depends=True, range=Range(lo=0.0))  # where(c) = nonzero(c): indices
+        if not call.has("input"):  # where(c) = nonzero(c, as_tuple=True): one index tensor per axis of c
+            rank = len(_argument_shape(call, "condition") or ())
+            index = Growth(0.0, depends=True, range=Range(lo=0.0))
+            return tuple(index for _ in range(rank)) if rank else unknown("where(c) of a condition of unknown rank")
     if not values:
         return CONSTANT
     ranges = [_range_of(v) for v in values]
@@ -764,7 +827,7 @@ def lerp(call: Call, entry: Any) -> Any:
     No convexity is assumed: a weight outside [0, 1] extrapolates, which the range
     arithmetic a + w*(b - a) accounts for."""
     a, b = call.growth("input"), call.growth("end")
-    w_raw = call.value("weight")
+    w_raw = call.operand("weight")
     w = w_raw if isinstance(w_raw, Growth) else domain.constant(w_raw)
     if a is None or b is None:
         return combine_max(a, b, w)
@@ -778,13 +841,13 @@ def addcmul(call: Call, entry: Any) -> Any:
     """addcmul(x, a, b, value) = x + value * a * b; addcdiv(x, a, b, value) = x + value * a / b
     (the quotient needs b bounded away from 0, as a division does)."""
     x, t1, t2 = call.growth("input"), call.growth("tensor1"), call.growth("tensor2")
-    value = call.value("value", 1)
+    value = call.operand("value", 1)
     if entry.id == "addcdiv":
         inverse = _reciprocal_range(t2) if t2 is not None else None
         if t2 is not None and t2.depends and inverse is None:
             return unknown("addcdiv divides by an input-dependent value that may approach 0")
         if t2 is not None and not t2.depends and inverse is None and not nonzero_constant(call, "tensor2"):
-            return hazard("addcdiv divides by a parameter expression that may be 0")
+            call.hazard("addcdiv divides by a parameter expression that may be 0", "tensor2", _has_zero)
         factor = Growth(0.0, depends=t2.depends if t2 else False, range=inverse or ANY)
         product = combine_max(t1, factor, r=domain.mul(_range_of(t1), inverse or ANY))
     else:
@@ -800,7 +863,7 @@ def matmul(call: Call, entry: Any) -> Any:
     operands = [g for name in ("input", "other", "mat1", "mat2", "batch1", "batch2", "vec", "vec1", "vec2", "mat",
                                "tensor", "a", "b", "input1", "input2", "weight")
                 if (g := call.growth(name)) is not None]
-    for name in ("operands", "tensors", "matrices"):
+    for name in ("operands", "tensors", "matrices", "args"):  # args: torch.functional.einsum(eq, *operands) under fx
         if call.has(name):
             operands += call.growths(name)
     call.accept_params()
@@ -809,8 +872,8 @@ def matmul(call: Call, entry: Any) -> Any:
         bias = call.growth("input")
         operands = [g for name in ("mat1", "mat2", "batch1", "batch2", "mat", "vec", "vec1", "vec2")
                     if (g := call.growth(name)) is not None]
-        product = _scaled(combine_product(*operands), call.value("alpha", 1))
-        return combine_max(_scaled(bias, call.value("beta", 1)), product)
+        product = _scaled(combine_product(*operands), call.operand("alpha", 1))
+        return combine_max(_scaled(bias, call.operand("beta", 1)), product)
     bias = call.growth("bias")
     return combine_max(product, bias) if bias is not None else product
 
@@ -855,7 +918,7 @@ def embedding(call: Call, entry: Any) -> Any:
     out = combine_product(Growth(weight.q if weight.depends else 0.0, depends=True, real=weight.real,
                                  culprit=weight.culprit), psw) if psw is not None else \
         Growth(weight.q if weight.depends else 0.0, depends=depends, real=weight.real, culprit=weight.culprit)
-    return (out, CONSTANT, CONSTANT, CONSTANT) if "embedding_bag" in call.op else out
+    return outputs(call, out, rest=Growth(0.0, depends=depends, range=Range(lo=0.0)))  # _embedding_bag: offsets, counts, argmax
 
 
 # --- normalizations -----------------------------------------------------------------------------
@@ -910,8 +973,10 @@ def layer_norm(call: Call, entry: Any) -> Any:
 @transfer("normalize")
 def normalize(call: Call, entry: Any) -> Any:
     """F.normalize: x / max(||x||_p, eps). For p >= 1 (or inf) each |x_i| <= ||x||_p, so every
-    entry is in [-1, 1] (Table 1, L2 normalization); other p or eps <= 0 prove nothing more
-    than a division by something >= eps."""
+    entry is in [-1, 1] (Table 1, L2 normalization): exactly so in floating point for p = 1, 2 and
+    inf (monotone rounding); a p-norm computed through pow may round below max |x_i|, so its range
+    is a little wider (acos of it is a NaN hazard). Other p or eps <= 0 prove nothing more than a
+    division by something >= eps."""
     x = call.growth("input")
     p = _number(call, "p", 2.0)
     eps = _number(call, "eps", 1e-12)
@@ -923,7 +988,8 @@ def normalize(call: Call, entry: Any) -> Any:
     if x.real is False:
         return Growth(0.0 if _is_number(p) and p >= 1 else x.q, depends=x.depends, real=False)
     if _is_number(p) and (p >= 1 or math.isinf(p) and p > 0):
-        return Growth(0.0, depends=x.depends, range=domain.interval(-1.0, 1.0)) if x.known or not x.depends else Growth(None, culprit=x.culprit)
+        edge = 1.0 if p in (1, 2, math.inf) else 1.0 + 1e-5  # (sum |x|^p)^(1/p) may round below max |x_i| otherwise
+        return Growth(0.0, depends=x.depends, range=domain.interval(-edge, edge)) if x.known or not x.depends else Growth(None, culprit=x.culprit)
     return Growth(x.q, depends=x.depends, culprit=x.culprit)
 
 
@@ -962,10 +1028,8 @@ def batch_norm(call: Call, entry: Any) -> Any:
         centred = combine_max(x, mean)
         out = combine_product(centred, weight) if weight is not None else centred
         out = combine_max(out, bias) if bias is not None else out
-    stats = Growth(x.q, depends=x.depends, culprit=x.culprit)
-    if call.op in ("batch_norm", "instance_norm"):
-        return out
-    return (out, stats, stats, stats, stats)
+    stats = Growth(x.q, depends=x.depends, culprit=x.culprit)  # saved means, inverse deviations (bounded by eps), reserve
+    return outputs(call, out, rest=stats)
 
 
 def _running_variance_ok(call: Call, eps_ok: bool) -> Optional[str]:
@@ -1046,8 +1110,8 @@ def indexed(call: Call, entry: Any) -> Any:
         return CONSTANT
     indices = Growth(0.0, depends=x.depends, range=Range(lo=0.0))
     if call.op == "aminmax":
-        return (x, x)
-    return (x, indices)
+        return outputs(call, x, x)
+    return outputs(call, x, indices)
 
 
 @transfer("norm")
@@ -1140,13 +1204,32 @@ def prod(call: Call, entry: Any) -> Any:
     return Growth(algebra.compose(float(k), x.q), culprit=x.culprit)
 
 
+def _argument_shape(call: Call, name: str) -> Optional[tuple]:
+    from qlint.core.graph import shape_of
+
+    return shape_of(_argument_node(call, name))
+
+
 def _input_shape(call: Call) -> Optional[tuple]:
-    arg = call.node.args[0] if call.node is not None and call.node.args else None
-    shape = getattr(tensor_meta(arg), "shape", None)
-    try:
-        return tuple(int(s) for s in shape) if shape is not None else None
-    except TypeError:
-        return None
+    """The first argument's shape when every length is a number (a symbolic length: None)."""
+    return sizes(call.node.args[0] if call.node is not None and call.node.args else None)
+
+
+@transfer("regression_loss")
+def regression_loss(call: Call, entry: Any) -> Any:
+    """Losses of an error e = input - target, |e| <= |input| + |target| (the larger exponent,
+    Theorem 9(ii)): mse is e^2 (twice it), l1 |e|, Huber and smooth-L1 quadratic inside
+    delta and linear outside (|e| up to a constant). A weight multiplies each term (exponents
+    add); the mean or sum over entries counts them, a shape, not a size of the input. The mean
+    of no entries is NaN."""
+    error = combine_max(call.growth("input"), call.growth("target"), r=Range(lo=0.0), real=True)
+    weight = call.growth("weight")
+    call.accept_params()
+    empty = any(isinstance(n, int) and n == 0 for n in _argument_shape(call, "input") or ())
+    if empty and call.param("reduction", "mean") in ("mean", 1):  # aten spells mean 1
+        return unknown(f"{call.op} of no entries (a mean of nothing is NaN)")
+    loss = combine_product(error, error, r=Range(lo=0.0), real=True) if call.op == "mse_loss" else error
+    return loss if weight is None else combine_product(loss, weight, r=domain.mul(loss.range, _range_of(weight)))
 
 
 @transfer("concat")
@@ -1165,7 +1248,7 @@ def write(call: Call, entry: Any) -> Any:
     data or a written value (a sum of them when accumulating, scaled by alpha): Theorem 9(ii)."""
     data = call.growth("input")
     values = [g for name in ("src", "source", "values", "value") if (g := call.growth(name)) is not None]
-    alpha = call.value("alpha", 1)
+    alpha = call.operand("alpha", 1)
     call.selectors("index", "indices", "mask")
     call.accept_params()
     values = [_scaled(v, alpha) for v in values]
@@ -1313,7 +1396,7 @@ def fmod(call: Call, entry: Any) -> Any:
     if (_is_number(raw) and raw == 0) or (b.depends and _reciprocal_range(b) is None):
         return unknown(f"{entry.id} by a divisor that may be 0")
     if not b.depends and _reciprocal_range(b) is None and not nonzero_constant(call, "other"):
-        return hazard(f"{entry.id} by a parameter expression that may be 0")
+        call.hazard(f"{entry.id} by a parameter expression that may be 0", "other", _has_zero)
     if a.real is False or b.real is False:
         return unknown(f"{entry.id} of complex values")
     if entry.id == "remainder":
@@ -1468,9 +1551,24 @@ def attention(call: Call, entry: Any) -> Any:
     if call.op == "scaled_dot_product_attention":
         return out
     query, key = call.growth("query"), call.growth("key")
-    logits = combine_product(query, key)
-    rest = Growth(0.0, depends=False)
-    return (out, logits, rest, rest, rest, rest, rest, rest, rest)
+    logits = combine_product(query, key)  # the weights (math kernel) or the log-sum-exp: at most bilinear in q, k
+    return outputs(call, out, logits, rest=Growth(0.0, depends=False))  # sequence lengths, RNG state
+
+
+@transfer("flex_attention")
+def flex_attention(call: Call, entry: Any) -> Any:
+    """flex_attention(query, key, value, score_mod, block_mask, scale, kernel_options,
+    score_mod_other_buffers, mask_mod_other_buffers): row-stochastic weights whatever the logits
+    (see the entry), so the output has the value's exponent; every other argument only shapes the
+    weights."""
+    value = call.growth("value")
+    call.selectors("query", "key", "score_mod", "block_mask", "scale", "score_mod_other_buffers", "mask_mod_other_buffers")
+    call.accept_params()
+    if value is None:
+        return unknown("flex_attention whose value argument qlint cannot find")
+    out = Growth(value.q if value.depends else 0.0, depends=call.depends_any(), real=value.real, range=_range_of(value),
+                 culprit=value.culprit)
+    return outputs(call, out)
 
 
 @transfer("mha_functional")
@@ -1520,17 +1618,22 @@ def recurrent(call: Call, entry: Any) -> Any:
     """
     module = call.module
     x = call.growth("input")
-    states = [g for name in ("hx", "h0", "c0", "hidden") for g in call.growths(name)]
+    state_names = ("hx", "h0", "c0", "hidden")
+    states = [g for name in state_names for g in call.growths(name)]
     call.accept_params()
-    parameters = [g for g in call.every() if g is not x and g not in states]
+    # the weights are every other argument, told apart by name (never by comparing values)
+    parameters = [g for name in call.arguments if name != "input" and name not in state_names for g in call.growths(name)]
     if any(g.depends for g in parameters):
         return unknown(f"{entry.name} with weights computed from the input")
     kind = call.op
     if module is not None:
         kind = {"LSTM": "lstm", "GRU": "gru", "RNN": "rnn", "LSTMCell": "lstm_cell", "GRUCell": "gru_cell",
                 "RNNCell": "rnn_cell"}[type(module).__name__]
-        if kind.startswith("rnn"):
-            kind = kind.replace("rnn", "rnn_relu" if module.nonlinearity == "relu" else "rnn_tanh")
+        if kind.startswith("rnn"):  # the forward dispatches on `mode`, set at construction (not `nonlinearity`)
+            mode = getattr(module, "mode", None) if kind == "rnn" else getattr(module, "nonlinearity", None)
+            if mode not in ("RNN_TANH", "RNN_RELU", "tanh", "relu"):
+                return unknown(f"{entry.name} of mode {mode!r}")
+            kind = kind.replace("rnn", "rnn_relu" if mode in ("RNN_RELU", "relu") else "rnn_tanh")
     initial = combine_max(*states) if states else Growth(0.0, depends=False)
     depends = (x is not None and x.depends) or initial.depends
     bounded_out = Growth(0.0, depends=depends, range=domain.interval(-1, 1))
@@ -1586,7 +1689,7 @@ def pad(call: Call, entry: Any) -> Any:
     """Padding copies entries and adds constants: |out| <= max(|x|, |value|)."""
     x = call.growth("input")
     mode = call.param("mode", "constant")
-    value = call.value("value", 0.0)
+    value = call.operand("value", 0.0)
     call.accept_params()
     if x is None:
         return CONSTANT
@@ -1625,7 +1728,7 @@ def copy(call: Call, entry: Any) -> Any:
 @transfer("getattr")
 def get_attribute(call: Call, entry: Any) -> Any:
     """x.shape / x.dtype are metadata; x.T, x.mT, x.real, x.imag, x.data are the data itself."""
-    source = call.value("input")
+    source = call.operand("input")
     name = call.param("name")
     if name in META_ATTRIBUTES:
         return CONSTANT
@@ -1707,6 +1810,61 @@ def unbounded(call: Call, entry: Any) -> Any:
     Of a value that does not depend on the input (a parameter expression) it is a hazard,
     as log and sqrt of one are: asin(p) is NaN for every |p| > 1, atanh(p) infinite at 1.
     """
+    inside = _within_domain(call)
+    if inside is not None:
+        return inside
     if not any(g.depends for g in call.every()):
         return hazard(f"{call.label()} of a parameter expression (a pole or a NaN domain for some parameter values)")
     return unknown(f"{call.label()} has no polynomial bound ({entry.q.removeprefix('none (').rstrip(')')})")
+
+
+def _within_domain(call: Call) -> Optional[Growth]:
+    """asin / acos of a value proved in [-1, 1] (acos(tanh z) of a Chebyshev KAN) lie in [-pi/2, pi/2] /
+    [0, pi]: bounded; acosh of a value proved >= 1 is at most that value (acosh x <= x there)."""
+    x = call.growth("input")
+    if x is None or x.real is not True:
+        return None
+    r = x.range
+    if call.op in ("asin", "arcsin", "acos", "arccos") and r.lo >= -1 and r.hi <= 1:
+        bounds = (0.0, math.pi) if call.op in ("acos", "arccos") else (-math.pi / 2, math.pi / 2)
+        return Growth(0.0, depends=x.depends, range=domain.interval(*bounds))
+    if call.op in ("acosh", "arccosh") and r.lo >= 1:
+        return Growth(x.q if x.depends else 0.0, depends=x.depends, range=Range(lo=0.0), culprit=x.culprit)
+    return None
+
+
+@transfer("fake_quantize")
+def fake_quantize(call: Call, entry: Any) -> Any:
+    """(clamp(round(x / s) + z, q_min, q_max) - z) s: every entry lies within |s| max(|q_min - z|,
+    |q_max - z|) whatever x, so q = 0 in x for a scale that does not depend on it (a literal, a
+    learned or observed scale), and q_s for one computed from x (dynamic quantization), which must
+    stay away from 0 (x / s is NaN at s = 0). A parameter scale that may be 0 is a hazard (QL108).
+    With ``fake_quant_enabled`` the op may pass x through unchanged: the larger of the two."""
+    x, s, z = call.growth("input"), call.growth("scale"), call.growth("zero_point")
+    low, high = call.param("quant_min"), call.param("quant_max")
+    call.param("axis")
+    call.param("grad_factor")
+    if x is None or s is None or z is None or not all(isinstance(v, int) for v in (low, high)):
+        call.every()
+        return unknown(f"{entry.name} without readable quantization bounds")
+    if z.depends:
+        return unknown(f"{entry.name} with a zero point computed from the input")
+    if s.depends and (_reciprocal_range(s) is None or s.real is not True):
+        return unknown(f"{entry.name} by a scale computed from the input that may approach 0 (x / s is NaN at s = 0)")
+    if not s.depends and not nonzero_constant(call, "scale"):
+        call.hazard(f"{entry.name} by a scale that may be 0", "scale", _has_zero)
+    span = ANY
+    if not s.depends:  # |out| <= |s| max |q - z|: bounded for each parameter value, by numbers when s and z have them
+        ends = [s.range.lo, s.range.hi, z.range.lo, z.range.hi]
+        if all(math.isfinite(e) for e in ends):
+            reach = max(abs(e) for e in ends[:2]) * max(abs(q - e) for q in (low, high) for e in ends[2:])
+            span = Range(lo=-reach, hi=reach)
+        else:
+            span = Range(below=True, above=True)
+    quantized = Growth(s.q if s.depends else 0.0, depends=x.depends or s.depends, real=True, range=span)
+    if call.has("fake_quant_enabled"):
+        enabled = call.growth("fake_quant_enabled")
+        if enabled is not None and enabled.depends:
+            return outputs(call, unknown(f"{entry.name} switched on and off by the input"), rest=Growth(0.0, range=domain.interval(0.0, 1.0)))
+        quantized = combine_max(quantized, x)
+    return outputs(call, quantized, rest=Growth(0.0, depends=x.depends, range=domain.interval(0.0, 1.0)))  # cachemask: the mask

@@ -290,6 +290,14 @@ def _tensor_meta(node: fx.Node) -> Optional[tuple[torch.Size, torch.dtype]]:
     return None
 
 
+def _example_length(size: Any) -> int:
+    """An axis length as the example has it: a dynamic export's symbolic length by its example value
+    (``int()`` would specialise the trace's shapes)."""
+    if isinstance(size, torch.SymInt):
+        return int(size.node.hint)
+    return int(size)
+
+
 def _meta_like(template: fx.Node, value: fx.Node) -> dict[str, Any]:
     """``template``'s metadata (module path, stack trace: names and sources stay stable)
     with ``value``'s shape: every inserted op preserves its input's shape."""
@@ -328,11 +336,12 @@ class _Surgery:
         shape, dtype = _tensor_meta(source) or (None, None)
         if not shape:
             raise NotApplicable(f"the size of `{value}` is unknown (give example inputs)")
-        norm = self.norm_class(shape[-1]).to(device=self.device, dtype=dtype)
+        width = _example_length(shape[-1])
+        norm = self.norm_class(width).to(device=self.device, dtype=dtype)
         target = self._free_name(f"qlint_{label}")
         self.module.add_submodule(target, norm)
         self.new_params += sum(p.numel() for p in norm.parameters() if p.requires_grad)
-        size = (int(shape[-1]),)
+        size = (width,)
         with self.graph.inserting_before(self._first(readers)):
             weight = self.graph.get_attr(f"{target}.weight")
             if isinstance(norm, nn.RMSNorm):

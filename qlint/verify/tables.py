@@ -20,6 +20,7 @@ from collections import defaultdict
 from pathlib import Path
 from typing import Any, Iterable, Optional
 
+from qlint.ci.files import write_text
 from qlint.core.algebra import format_q
 from qlint.verify.grid import BACKBONES, lint_key, read_runs
 from qlint.verify.train import run_key
@@ -318,7 +319,7 @@ def write_tables(out_dir: str | Path, title: str = "") -> str:
     out_dir = Path(out_dir)
     runs = fill_q(latest(read_runs(out_dir / "runs.jsonl")), load_lint(out_dir))
     header, rows = table2(runs)
-    (out_dir / "table2.csv").write_text(to_csv(header, rows))
+    write_text(out_dir / "table2.csv", to_csv(header, rows))  # each file whole (qlint.ci.files): never half a table
     summary = summary_lines(runs)
     checks = pattern_check(runs)
     mh, mrows = mse_table(runs)
@@ -339,6 +340,6 @@ def write_tables(out_dir: str | Path, title: str = "") -> str:
     md.write("\n## Test MSE (mean over surviving seeds; × = all seeds blew up)\n\n")
     md.write(to_markdown(mh, mrows))
     text = md.getvalue()
-    (out_dir / "table2.md").write_text(text)
-    (out_dir / "summary.txt").write_text("\n".join(summary + checks) + "\n")
+    write_text(out_dir / "table2.md", text)
+    write_text(out_dir / "summary.txt", "\n".join(summary + checks) + "\n")
     return text
