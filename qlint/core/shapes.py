@@ -48,21 +48,19 @@ class ShapeCoverage:
 
 
 def automatic(model: torch.nn.Module, inputs: tuple) -> Optional[Any]:
-    """A ``dynamic_shapes`` spec with every axis of every top-level input tensor ``Dim.AUTO``
-    (None on a torch without it), shaped as the forward's parameters: a ``forward(*args)``
-    takes one tuple for ``args``."""
+    """A ``dynamic_shapes`` spec with every axis of every top-level input tensor ``Dim.AUTO``; None
+    on a torch without it, and for a ``forward(*args)`` (a keyword adapter), whose spec export
+    would read per parameter: such a model is exported static, and its shapes probed as such."""
     auto = getattr(getattr(torch.export, "Dim", None), "AUTO", None)
     if auto is None or not any(isinstance(x, torch.Tensor) and x.dim() for x in inputs):
         return None
-    specs = tuple({d: auto for d in range(x.dim())} if isinstance(x, torch.Tensor) and x.dim() else None for x in inputs)
     try:
-        parameters = list(inspect.signature(model.forward).parameters.values())
+        parameters = inspect.signature(model.forward).parameters.values()
     except (TypeError, ValueError):
-        return specs
-    variadic = next((i for i, p in enumerate(parameters) if p.kind is inspect.Parameter.VAR_POSITIONAL), None)
-    if variadic is None or variadic >= len(specs):
-        return specs
-    return (*specs[:variadic], specs[variadic:])
+        parameters = []
+    if any(p.kind is inspect.Parameter.VAR_POSITIONAL for p in parameters):
+        return None
+    return tuple({d: auto for d in range(x.dim())} if isinstance(x, torch.Tensor) and x.dim() else None for x in inputs)
 
 
 _SIZE = re.compile(r"size\(\)\[(\d+)\]")
