@@ -77,7 +77,8 @@ def test_untraceable_model_fails_in_one_actionable_line(untraceable):
     line = lines[0]
     assert line.startswith("qlint: error: net.py: could not trace Net: `layers.0.gate` (Gate)")
     assert "net.py:8 `steps = int(x.abs().max())`" in line
-    assert "uses a tensor's value in Python" in line and "(export)" in line
+    assert "reads the value of the input `x` in Python (make_fx on the example's values: " in line
+    assert "compute it with tensor ops (torch.where), or declare its exponent" in line
     assert 'qlint.register(Gate, q=..., why=...)' in line
     assert '[tool.qlint.primitives] "net.Gate" = { q = ..., why = "..." }' in line
 

@@ -168,6 +168,8 @@ def model_renderable(model: ModelReport, *, show_all_derivations: bool = False) 
         line.append(f"{finding.code} ", style=SEVERITY_STYLE[finding.severity])
         line.append(finding.message)
         parts.append(line)
+    if model.extra.get("specialised"):  # a certificate for the input values the forward read in Python
+        parts.append(Text(f"specialised: {model.extra['specialised']}", style="yellow"))
     if "the certificate holds for" in model.extra.get("shapes", ""):  # a certificate scoped to the shapes analysed
         parts.append(Text(f"shapes: {model.extra['shapes']}", style="yellow"))
     summary = model.verdict

@@ -100,6 +100,9 @@ def analyse(model: torch.nn.Module, inputs: Optional[tuple], traced: TracedGraph
         report.extra["layers_replayed"] = len(traced.replayed)
     if traced.reuse_abandoned:
         report.extra["layer_reuse_abandoned"] = traced.reuse_abandoned
+    if traced.specialised:
+        report.extra["specialised"] = "the graph holds for the example's " + "; ".join(traced.specialised) + \
+            ": the certificate is for those values"
     if assume_real and any(n.op == "placeholder" and "val" not in n.meta and "tensor_meta" not in n.meta for n in graph.inputs):
         report.extra["assumed"] = "input dtypes unknown (no example inputs): inputs taken as real"
     return Analysis(model, inputs, traced, registry, graph, prop, base, stream, envs, report, threshold, velocities=velocities,

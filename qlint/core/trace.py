@@ -25,6 +25,7 @@ import inspect
 import io
 import logging
 import operator
+import re
 import sys
 import warnings
 from dataclasses import dataclass, field
@@ -60,6 +61,7 @@ class TracedGraph:
     reuse_abandoned: str = ""  # why identical layers were traced one by one after all
     shapes: Optional["shapes.ShapeCoverage"] = None  # the input shapes an export graph was checked on
     example: Optional[tuple] = None  # the inputs it was traced on, when they are not the factory's
+    specialised: list[str] = field(default_factory=list)  # input values read in Python, fixed to the example's
 
     @property
     def graph(self) -> fx.Graph:
@@ -131,8 +133,9 @@ def unsafe_mutation(graph: fx.Graph, root: torch.nn.Module,
     inputs) says exactly which values share the written storage: a view, ``.contiguous()``
     of a contiguous tensor, ``.to()`` its own dtype, dropout in eval. Without it, only a
     write into the fresh output of a parametrised module (``conv -> bn -> relu(inplace)``)
-    that nothing else reads is accepted. Writes into inputs, parameters and buffers, and
-    through ``out=``, are never accepted.
+    that nothing else reads is accepted. A value computed from the write's result (a view taken
+    after it) sees the new value. Writes into inputs, parameters and buffers, and through
+    ``out=``, are never accepted.
     """
     order = {node: i for i, node in enumerate(graph.nodes)}
     for node in graph.nodes:
@@ -151,9 +154,27 @@ def unsafe_mutation(graph: fx.Graph, root: torch.nn.Module,
             for other in graph.nodes:
                 if other is node or not (storages.get(other, set()) & written):
                     continue
-                if other.op in ("placeholder", "get_attr") or any(u is not node and order[u] > order[node] for u in other.users):
+                if other.op in ("placeholder", "get_attr"):
+                    return node
+                if order[other] > order[node] and _derived_from(other, node, order):
+                    continue  # a view of the write's result: it sees the new value
+                if any(u is not node and order[u] > order[node] for u in other.users):
                     return node
     return None
+
+
+def _derived_from(node: fx.Node, source: fx.Node, order: dict[fx.Node, int]) -> bool:
+    """Whether ``source`` is among the values ``node`` is computed from (nodes before ``source`` are not)."""
+    seen, stack = set(), [node]
+    while stack:
+        current = stack.pop()
+        if current is source:
+            return True
+        if current in seen or order[current] < order[source]:
+            continue
+        seen.add(current)
+        stack.extend(current.all_input_nodes)
+    return False
 
 
 def _written(node: fx.Node, root: torch.nn.Module) -> list[Any]:
@@ -428,7 +449,29 @@ def _mutates(node: fx.Node) -> bool:
 
 
 def _make_fx(model: torch.nn.Module, inputs: tuple) -> fx.GraphModule:
-    """make_fx on fake tensors, the parameters and buffers passed in (never baked in as values)."""
+    """make_fx on fake tensors; where that fails (a read of a tensor's value in Python, a size
+    computed from one), make_fx on the example's values, accepted only when every value read is a
+    constant or comes from a non-float input (:func:`_specialisations`); the graph check follows."""
+    try:
+        return _make_fx_graph(model, inputs, real=False)
+    except Exception:  # noqa: BLE001  (a value read, or a size computed from one: trace the example's values)
+        if _has_meta(model, inputs):
+            raise
+    module = _make_fx_graph(model, inputs, real=True)
+    module.meta["qlint_specialised"] = _specialisations(module, model, inputs)  # first: it names the value read
+    written = unsafe_mutation(module.graph, module, storages(module, inputs))
+    if written is not None:
+        raise ValueSpecialised(f"writes in place (`{written.target}`)", written,
+                               "an alias taken before the write reads the value afterwards, which the graph does not show",
+                               "write out of place (h = h + ...)", declare=False)
+    return module
+
+
+def _make_fx_graph(model: torch.nn.Module, inputs: tuple, *, real: bool) -> fx.GraphModule:
+    """make_fx with the parameters and buffers passed in (never baked in as values), on fake
+    tensors or, ``real``, on the example's values: a read of a value in Python then records the
+    read and goes on with the example's value, and in-place writes are left to the caller, who
+    can see from the storages which are safe (:func:`unsafe_mutation`)."""
     from torch.fx.experimental.proxy_tensor import make_fx
 
     named = {**dict(model.named_parameters(remove_duplicate=False)), **dict(model.named_buffers(remove_duplicate=False))}
@@ -440,14 +483,14 @@ def _make_fx(model: torch.nn.Module, inputs: tuple) -> fx.GraphModule:
     call._orig_mod = model  # make_fx records nn_module_stack only for a function that names its module
 
     with tensor_outputs(model):
-        gm = make_fx(call, tracing_mode="fake", record_module_stack=True)(named, *inputs)
-    written = next((node for node in gm.graph.nodes if _mutates(node)), None)
-    if written is not None:  # make_fx records writes as they happen, readers keep the old value
-        raise RuntimeError(f"in-place `{written.target}` in the make_fx graph, whose readers do not see it")
+        gm = make_fx(call, tracing_mode="real" if real else "fake", record_module_stack=True, pre_dispatch=real,
+                     _error_on_data_dependent_ops=not real)(named, *inputs)  # pre-dispatch: ops as export has them
     placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
     parameters = set(dict(model.named_parameters(remove_duplicate=False)))
+    state_names = {}
     for i, (node, name) in enumerate(zip(placeholders, names)):
         attribute = f"_qlint_state_{i}"
+        state_names[attribute] = name
         tensor = named[name]
         if name in parameters:
             gm.register_parameter(attribute, torch.nn.Parameter(tensor.detach(), requires_grad=tensor.requires_grad))
@@ -459,9 +502,126 @@ def _make_fx(model: torch.nn.Module, inputs: tuple) -> fx.GraphModule:
         node.replace_all_uses_with(replacement)
         gm.graph.erase_node(node)
     gm.graph._codegen = fx.graph.CodeGen()  # the remaining placeholders are the inputs, positionally
+    gm.meta["qlint_state_names"] = state_names
+    gm.meta["qlint_parameters"] = parameters
     gm.recompile()
+    written = None if real else next((node for node in gm.graph.nodes if _mutates(node)), None)
+    if written is not None:  # the tensor written reads as the write's result after it, an older alias does not
+        raise RuntimeError(f"in-place `{written.target}` in the make_fx graph, whose readers do not see it")
     hops.inline_bodies(gm)
     return gm
+
+
+class ValueSpecialised(RuntimeError):
+    """A graph traced on the example's values is not the model: the forward reads, in Python, a
+    value that scales with the input or is a parameter (the graph would hold only the path those
+    values took), or it writes in place into a value an older alias reads. ``declare``: declaring
+    the module's exponent is a remedy (its reads are then not traced)."""
+
+    def __init__(self, what: str, node: fx.Node, why: str, remedy: str, *, declare: bool) -> None:
+        self.what, self.where, self.why, self.remedy, self.declare = what, _stack_line(node), why, remedy, declare
+        stack = list((node.meta.get("nn_module_stack") or {}).values())
+        self.path = str(stack[-1][0]) if stack else ""
+        super().__init__(f"{what} at {self.where} ({why})")
+
+
+def _specialisations(module: fx.GraphModule, model: torch.nn.Module, inputs: tuple) -> list[str]:
+    """The input values a graph traced on the example's values holds for, one line each
+    (``lengths = [16, 12] (read at conformer.py:40 `...`)``); the reads are then removed.
+
+    A read of a value in Python (``.item()``, ``int()``, ``if t:``) and an op whose output shape
+    depends on values (``nonzero``) fix the graph to the example's values. That is sound for what
+    cannot change with the input's scale or with training: shapes, literals, buffers (the graph
+    check refuses a forward that writes them) -- constants, said nowhere -- and integer or bool
+    inputs (lengths, masks, ids), whose values the report names: the certificate is for them.
+    A read that depends on a float input, on a parameter or on a random draw raises
+    :class:`ValueSpecialised`: a branch on ``x.norm() > 1e9``, on a gate's value or on LayerDrop's
+    coin would be certified on one side only.
+    """
+    leaves = torch.utils._pytree.tree_leaves(inputs)
+    owners = [i for i, x in enumerate(inputs) for _ in torch.utils._pytree.tree_leaves(x)]
+    arguments = _argument_names(model, len(inputs))
+    placeholders = [n for n in module.graph.nodes if n.op == "placeholder"]
+    state_names, parameters = module.meta["qlint_state_names"], module.meta["qlint_parameters"]
+    found: dict[int, str] = {}
+    reads = [n for n in module.graph.nodes if _reads_value(n)]
+    for node in reads:
+        sources = _sources(node)
+        drawn = next((n for n in sources if _random(n)), None)
+        if drawn is not None:
+            raise ValueSpecialised(f"reads a random draw (`{drawn.target}`) in Python", node,
+                                   "a graph traced on one draw holds the path it took only",
+                                   "compute it with tensor ops (torch.where)", declare=True)
+        read = [(placeholders.index(n), n) for n in sources if n.op == "placeholder" and n in placeholders]
+        for index, _ in read:
+            value = leaves[index] if index < len(leaves) else None
+            top = owners[index] if index < len(owners) else index
+            name = arguments[top] if top < len(arguments) else f"input {top}"
+            if isinstance(value, torch.Tensor) and (value.is_floating_point() or value.is_complex()):
+                raise ValueSpecialised(f"reads the value of the input `{name}` in Python", node,
+                                       "a graph traced on the example holds the path its values took only",
+                                       "compute it with tensor ops (torch.where)", declare=True)
+            if isinstance(value, torch.Tensor) and top not in found:
+                shown = value.tolist() if value.numel() <= 16 else f"a {tuple(value.shape)} {value.dtype} tensor"
+                found[top] = f"{name} = {shown} (read at {_stack_line(node)})"
+        learned = next((state_names[n.target] for n in sources
+                        if n.op == "get_attr" and state_names.get(n.target) in parameters), None)
+        if learned is not None:
+            raise ValueSpecialised(f"reads the value of the parameter `{learned}` in Python", node,
+                                   "a graph traced on today's value holds one path only, and training changes it",
+                                   "compute it with tensor ops (torch.where)", declare=True)
+    for node in reversed(reads):
+        if not node.users and not _reshapes(node):
+            module.graph.erase_node(node)
+    module.graph.eliminate_dead_code()
+    module.recompile()
+    return [found[i] for i in sorted(found)]
+
+
+def _reads_value(node: fx.Node) -> bool:
+    """A read of a tensor's value into Python, or an op whose output shape depends on values."""
+    if node.op != "call_function" or not isinstance(node.target, torch._ops.OpOverload):
+        return False
+    return _reshapes(node) or torch.Tag.data_dependent_output in node.target.tags
+
+
+def _reshapes(node: fx.Node) -> bool:
+    return isinstance(node.target, torch._ops.OpOverload) and torch.Tag.dynamic_output_shape in node.target.tags
+
+
+def _sources(node: fx.Node) -> list[fx.Node]:
+    """The placeholders, attributes and random draws ``node`` is computed from."""
+    seen, stack, out = set(), [node], []
+    while stack:
+        current = stack.pop()
+        if current in seen:
+            continue
+        seen.add(current)
+        if current.op in ("placeholder", "get_attr") or _random(current):
+            out.append(current)
+        stack.extend(current.all_input_nodes)
+    return out
+
+
+def _random(node: fx.Node) -> bool:
+    """A seeded random op that draws here: not dropout (or attention's) at p = 0 or outside training."""
+    if not isinstance(node.target, torch._ops.OpOverload) or torch.Tag.nondeterministic_seeded not in node.target.tags:
+        return False
+    values = {a.name: (node.args[i] if i < len(node.args) else node.kwargs.get(a.name, a.default_value))
+              for i, a in enumerate(node.target._schema.arguments)}
+    return not (values.get("train") is False or values.get("dropout_p", values.get("p")) == 0)
+
+
+_FRAME = re.compile(r'File "([^"]+)", line (\d+), in [^\n]*\n\s*([^\n]*)')
+
+
+def _stack_line(node: fx.Node) -> str:
+    """The innermost frame of the node's recorded stack outside torch: ``file.py:40 `code```."""
+    frames = [f for f in _FRAME.findall(node.meta.get("stack_trace") or "") if not f[0].startswith(TORCH_DIR)]
+    if not frames:
+        return "an unknown line"
+    path, line, code = frames[-1]
+    return f"{path}:{line} `{code.strip()}`"
 
 
 # --- the chain ------------------------------------------------------------------------------------
@@ -542,7 +702,8 @@ def capture(model: torch.nn.Module, inputs: Optional[tuple], registry: Any = Non
         coverage = shape_coverage(model, module, inputs, name) if shapes_too else None
         return TracedGraph(module=module, tracer=name, attempts=attempts, graph_check=check,
                            replayed=list(module.meta.get("qlint_replayed", [])),
-                           reuse_abandoned=module.meta.get("qlint_reuse_abandoned", ""), shapes=coverage)
+                           reuse_abandoned=module.meta.get("qlint_reuse_abandoned", ""), shapes=coverage,
+                           specialised=list(module.meta.get("qlint_specialised", [])))
     refused = _eager_failure(model, inputs) if inputs is not None and not _has_meta(model, inputs) else None
     if refused is not None:
         raise TraceFailure(f"{type(model).__name__} does not run on its example inputs {shapes_of(inputs)}: "
@@ -872,6 +1033,12 @@ def explain(model: torch.nn.Module, errors: list[tuple[str, BaseException]], inp
     if not errors:
         return "could not trace the model: symbolic_trace needs no inputs but export/make_fx do; give --input-shape"
     name, exc = _explained(errors)
+    if isinstance(exc, ValueSpecialised):
+        owner = model.get_submodule(exc.path) if exc.path else model
+        subject = f"`{exc.path}` ({type(owner).__name__})" if exc.path else "its forward"
+        remedy = f"{exc.remedy}{_declare(type(owner), model, ', or ')}" if exc.declare else exc.remedy
+        return (f"could not trace {type(model).__name__}: {subject} at {exc.where} {exc.what} (make_fx on the example's "
+                f"values: {exc.why}); {remedy}")
     if isinstance(exc, GraphMismatch):
         return f"could not trace {type(model).__name__} faithfully: {exc} ({name})"
     path, owner = _failing_submodule(model, exc)
@@ -884,18 +1051,27 @@ def explain(model: torch.nn.Module, errors: list[tuple[str, BaseException]], inp
             f"check that the model runs on its example inputs{f' {shapes_of(inputs)}' if inputs else ''} (--traceback shows where)"
         )
     hint = "give --input-shape so torch.export can run it, or " if inputs is None else ""
-    leaf = type(owner if path else model)
-    key = declared_name(leaf)
-    return (
-        f"could not trace {type(model).__name__}: {subject} {construct} ({name}); "
-        f"{hint}declare its exponent so qlint treats it as an opaque leaf: "
-        f"qlint.register({leaf.__name__}, q=..., why=...) or [tool.qlint.primitives] \"{key}\" = {{ q = ..., why = \"...\" }}"
-    )
+    remedy = _declare(type(owner if path else model), model, "; " + hint)
+    return f"could not trace {type(model).__name__}: {subject} {construct} ({name}){remedy}"
+
+
+def _declare(leaf: type, model: torch.nn.Module, joint: str) -> str:
+    """The remedy that makes ``leaf`` an opaque module with a declared exponent, after ``joint``; for a
+    Hugging Face model, which symbolic_trace (the tracer that keeps declared modules opaque) cannot
+    trace, that it would not help."""
+    if is_hugging_face(model):
+        return ("; declaring its exponent would not help: Hugging Face models are traced by torch.export and make_fx, "
+                "which keep no module opaque")
+    return (f"{joint}declare its exponent so qlint treats it as an opaque leaf: qlint.register({leaf.__name__}, q=..., "
+            f"why=...) or [tool.qlint.primitives] \"{declared_name(leaf)}\" = {{ q = ..., why = \"...\" }}")
 
 
 def _explained(errors: list[tuple[str, BaseException]]) -> tuple[str, BaseException]:
-    """The tracer failure that explains best (export's and make_fx's run the real forward)."""
+    """The tracer failure that explains best (export's and make_fx's run the real forward; a value
+    read that make_fx on the example's values found names the read)."""
     by_tracer = dict(errors)
+    if isinstance(by_tracer.get("make_fx"), ValueSpecialised):
+        return "make_fx", by_tracer["make_fx"]
     name = next((t for t in _TRACER_PREFERENCE if t in by_tracer), errors[-1][0])
     return name, by_tracer[name]
 
