@@ -188,8 +188,11 @@ def test_autoformer_blocks_are_its_residual_adds(zoo):
     report = zoo("autoformer")
     assert blocks(report) == [
         ("model.encoder.layers.0:self_attn", 1.0), ("model.encoder.layers.0:fc2", 1.0),
-        ("model.decoder.layers.0:self_attn", 1.0), ("model.decoder.layers.0:encoder_attn", 0.0),
+        ("model.decoder.layers.0:self_attn", 1.0), ("model.decoder.layers.0:encoder_attn", 1.0),
         ("model.decoder.layers.0:fc2", 1.0)]
+    # the decoder's cross-attention and FFN read LN(decomp(x)) on their skips too: Post-LN with the norm at the
+    # sublayer's input, a bounded map whose velocity is q 1 (the cross-attention's branch alone is q 0)
+    assert [b.form for b in report.blocks][3:] == ["post-norm", "post-norm"]
     assert report.verdict == "certified"
 
 

@@ -74,12 +74,19 @@ class Block:
     name: str = ""
     index: int = 0
     post: Post = ""
-    post_node: Optional[fx.Node] = None
+    post_node: Optional[fx.Node] = None  # the norm (or ReLU) after the join: LN(X + f(X))
+    post_region: list[fx.Node] = field(default_factory=list)  # the nodes from the join (excluded) to that norm's output
+    norm_in: Optional[fx.Node] = None  # the norm on the skip at the block's input: a LN(X) + f(LN(X)) (shifted Post-LN)
     predecessors: list["Block"] = field(default_factory=list)
 
     @property
     def region_set(self) -> frozenset[fx.Node]:
         return frozenset(self.region)
+
+    @property
+    def output(self) -> fx.Node:
+        """Where the block's stream map F ends: the norm after the join of a Post-LN block, else the join."""
+        return self.post_region[-1] if self.post_region else self.join
 
 
 @dataclass
@@ -284,6 +291,7 @@ def _same_values(view: fx.Node, source: fx.Node) -> bool:
 def find_stream(graph: GraphFacts, root_name: str = "model") -> Stream:
     """Every top-level block in execution order, the transitions between them, their names."""
     candidates = [b for b in (_as_block(j, graph) for j in graph.nodes if j in graph.data) if b is not None]
+    _shift_input_norms(candidates, graph)
     for block in candidates:
         block.region = graph.region([block.stream], block.join)
     by_join = {b.join: b for b in candidates}
@@ -296,9 +304,12 @@ def find_stream(graph: GraphFacts, root_name: str = "model") -> Stream:
     blocks = [b for b in top if not _readout(b, top, graph)]
     blocks.sort(key=lambda b: graph.order[b.join])
     transitions = _chain(blocks, graph)
+    claimed = {n for b in blocks if b.norm_in is not None for n in b.region}
     for index, block in enumerate(blocks):
         block.index = index
-        block.post, block.post_node = _post(block, graph)
+        block.post, block.post_node, block.post_region = _post(block, graph, claimed)
+        if block.norm_in is not None:
+            block.post = "post-norm"
     _settle_top_level_norms(blocks, transitions)
     _name(blocks, root_name, graph)
     for transition in transitions:
@@ -613,22 +624,128 @@ def escapes(region: list[fx.Node], outputs: set[fx.Node], graph: GraphFacts) -> 
         c not in inside and graph.reaches_output(c) for c in graph.children.get(n, ())))]
 
 
-def _post(block: Block, graph: GraphFacts) -> tuple[Post, Optional[fx.Node]]:
-    """LN(X + f(X)) and relu(X + f(X)): the op that consumes the join, when it is the only one
-    and belongs to the block's own module (a model's final norm is not part of its last block)."""
+def _post(block: Block, graph: GraphFacts, claimed: set[fx.Node]) -> tuple[Post, Optional[fx.Node], list[fx.Node]]:
+    """LN(X + f(X)) and relu(X + f(X)): the norm (a registry norm, or one written out and proved,
+    through casts and its affine weight) or the ReLU that takes every use of the join, when it belongs
+    to the block's own module (a model's final norm is not part of its last block) and no shifted
+    block holds it. Returns the form, that node and, for a norm, the nodes up to its output."""
+    found = _norm_after(block.join, graph)
+    if found is not None and found[0] not in claimed and _owns(block.join, found[0]):
+        return "post-norm", found[0], found[1]
     users = graph.children.get(block.join, [])
-    if len(users) != 1:
-        return "", None
-    user = users[0]
-    owner = module_path(block.join)
-    if owner and owner not in {path for path, _ in module_stack(user)}:
-        return "", None
-    info = facts(user)
-    if info.family & {"norm", "batch_norm"}:
-        return "post-norm", user
-    if info.op == "relu":
-        return "post-activation", user
-    return "", None
+    if len(users) == 1 and facts(users[0]).op == "relu" and _owns(block.join, users[0]):
+        return "post-activation", users[0], []
+    return "", None, []
+
+
+_POST_NORMS = frozenset({"norm", "batch_norm"})  # after the join, as Post-LN has always been read
+_INPUT_NORMS = frozenset({"norm"})  # on the skip: a per-sample normaliser (a BatchNorm there is a CNN's stem or stage)
+
+
+def _owns(join: fx.Node, node: fx.Node) -> bool:
+    """The module whose forward performs the join also runs ``node`` (always, at the top level)."""
+    owner = module_path(join)
+    return not owner or owner in {path for path, _ in module_stack(node)}
+
+
+def _normalised_input(node: fx.Node, graph: GraphFacts, families: frozenset[str]) -> Optional[fx.Node]:
+    """The value ``node`` normalises: a norm of the registry's ``families`` (its input) or a hand-written
+    normalisation proved by :mod:`qlint.core.relations` (its numerator, before centring; a factor that
+    depends on the input proves nothing here). None when ``node`` is neither."""
+    info = facts(node)
+    relation = info.relation
+    if isinstance(relation, Normalisation):
+        if isinstance(relation.factor, fx.Node) and relation.factor in graph.data:
+            return None
+        value = relation.numerator
+        if facts(value).op == "sub":
+            value = _arg(value, "input")
+    elif info.family & families:
+        value = _arg(node, "input")
+    else:
+        return None
+    return carried(value) if isinstance(value, fx.Node) else None
+
+
+def _affine_input(node: fx.Node, graph: GraphFacts) -> Optional[fx.Node]:
+    """The data argument of ``gamma * n``, ``n / c`` or ``n + beta`` with gamma, c, beta independent of
+    the input (a norm's affine wrapper written out); None for anything else."""
+    op = facts(node).op
+    if not (_constant_scale(node, graph) or op in ("add", "sub")):
+        return None
+    values = [v for v in (_arg(node, "input"), _arg(node, "other")) if isinstance(v, fx.Node) and v in graph.data]
+    if len(values) != 1 or (op == "sub" and values[0] is not _arg(node, "input")):
+        return None
+    return values[0]
+
+
+def _norm_below(value: fx.Node, graph: GraphFacts, families: frozenset[str]) -> Optional[tuple[fx.Node, fx.Node]]:
+    """(norm, Y) when ``value`` is a normaliser of Y behind casts and a constant affine wrapper
+    (Hugging Face's ``weight * x.to(dtype)``)."""
+    node = value
+    for _ in range(8):
+        node = carried(node)
+        source = _normalised_input(node, graph, families)
+        if source is not None:
+            return node, source
+        node = _affine_input(node, graph)
+        if node is None:
+            return None
+    return None
+
+
+def _norm_after(join: fx.Node, graph: GraphFacts) -> Optional[tuple[fx.Node, list[fx.Node]]]:
+    """(norm, nodes): a normaliser of the join that every use of the join goes into, and the nodes from
+    the join (excluded) to its output, through casts and a constant affine wrapper (included)."""
+    frontier, seen, norm = [join], {join}, None
+    for _ in range(4):  # a written-out norm reaches its normalising op within a few ops (a cast, a square)
+        frontier = [c for n in frontier for c in graph.children.get(n, ()) if c not in seen and not seen.add(c)]
+        norm = next((c for c in frontier if _normalised_input(c, graph, _POST_NORMS) is join), None)
+        if norm is not None:
+            break
+    if norm is None:
+        return None
+    output = norm
+    while len(users := graph.children.get(output, ())) == 1 and output in (carried(users[0]), _affine_input(users[0], graph)):
+        output = users[0]
+    nodes = graph.region([join], output)
+    inside = set(nodes)
+    if not all(set(graph.children.get(n, ())) <= inside for n in [join, *nodes[:-1]]):
+        return None
+    return norm, nodes
+
+
+def _shift_input_norms(candidates: list[Block], graph: GraphFacts) -> None:
+    """Post-LN with the norm moved to the next sublayer's input (MiniMax-01): ``h = LN(Y); a h + f(h)``.
+
+    Stacked, ``h2 = LN(X'); X'' = a h2 + g(h2)`` is the Post-LN stream LN(a Z + f(Z)) re-bracketed: the
+    norm sits on the identity path between two joins. Read with h as X_k, the norm-free f(h) would be
+    measured on a free input although h is normalised; so such a block's input is Y and its map
+    F(Y) = a LN(Y) + f(LN(Y)) (the scaled form, q = max(1, q(F)), with the norm inside). Accepted when
+    the skip carries a normaliser of Y run by the join's module, whose values only this block reads,
+    and that norm is not the plain Post-LN norm of the block whose join Y is (DETR's
+    ``norm1(x + attn(x))`` read by ``x + ffn(x)`` in the same layer), unless that block is shifted
+    itself. At the top level, where no module owns the norm, a lone one is a stem's norm (CLIP's
+    ``ln_pre`` before Pre-LN blocks) and only a chain of two or more shifted blocks is read this way.
+    """
+    by_join = {b.join: b for b in candidates}
+    shifted: dict[fx.Node, tuple[Block, fx.Node, fx.Node]] = {}
+    for block in sorted(candidates, key=lambda b: graph.order[b.join]):
+        found = _norm_below(block.stream, graph, _INPUT_NORMS)
+        if found is None or not _owns(block.join, found[0]):
+            continue
+        norm, source = found
+        previous = by_join.get(source)
+        if source not in graph.data or previous is not None and source not in shifted and _owns(source, norm):
+            continue
+        inside = set(graph.region([source], block.join))
+        if not all(set(graph.children.get(n, ())) <= inside for n in graph.region([source], block.stream)):
+            continue  # the normalised value is read elsewhere too
+        shifted[block.join] = (block, source, norm)
+    sources = {source for _, source, _ in shifted.values()}
+    for join, (block, source, norm) in shifted.items():
+        if module_path(join) or source in shifted or join in sources:
+            block.stream, block.form, block.norm_in = source, "scaled", norm
 
 
 def _settle_top_level_norms(blocks: list[Block], transitions: list[Transition]) -> None:
@@ -641,9 +758,10 @@ def _settle_top_level_norms(blocks: list[Block], transitions: list[Transition]) 
     feeding = {n for t in transitions if t.before is not None for n in t.region} | {b.stream for b in blocks}
     previous: Optional[Block] = None
     for block in blocks:
-        if block.post == "post-norm" and not module_path(block.join) and block.post_node not in feeding:
+        lone = block.post_node not in feeding and block.norm_in is None
+        if block.post_region and not module_path(block.join) and lone:
             if previous is not None and previous.post != "post-norm":
-                block.post, block.post_node = "", None
+                block.post, block.post_node, block.post_region = "", None, []
         previous = block
 
 

@@ -83,7 +83,7 @@ def analyse(model: torch.nn.Module, inputs: Optional[tuple], traced: TracedGraph
     for block in stream.blocks:
         seeds = {block.stream: prop.seed(block.stream, base, stream=True)}
         seeds.update({u: prop.seed(u, base, stream=False) for u in block.side})
-        envs[block.name] = collections.ChainMap(prop.propagate(seeds, block.region, base), base)
+        envs[block.name] = collections.ChainMap(prop.propagate(seeds, block.region + block.post_region, base), base)
         velocities[block.name] = velocity_of(block, envs[block.name], prop)
     for transition in stream.transitions:
         envs[transition.name] = _transition_pass(transition, prop, base, graph)
@@ -133,7 +133,22 @@ def _transition_pass(transition: StreamTransition, prop: GrowthProp, base: dict,
 
 def velocity_of(block: StreamBlock, env: dict, prop: GrowthProp) -> Growth:
     """An additive block's velocity is its join with the skip replaced by 0 (the exact
-    X + v(X)); any other join's velocity is F - id, with q <= max(1, q(F))."""
+    X + v(X)); any other join's velocity is F - id, with q <= max(1, q(F)). A Post-LN block
+    LN(X + f(X)) is the stream map F = LN o (id + f), so its velocity is F - id as well: q(F) = 0
+    when the norm bounds its input (Theorem 9(v)), so q = max(1, 0) = 1 whatever f is (the norm's
+    output is what the next block reads); a norm that does not bound (BatchNorm on running
+    statistics) passes q(f) through. Only a known polynomial f is normalised: a super-polynomial f
+    overflows before the norm (QL103, f's own result), an unknown one stays unknown."""
+    if block.post_region:
+        normalised = joint(env[block.output])
+        if normalised.known:
+            return Growth(algebra.residual(normalised.q), culprit=normalised.culprit)
+        own = _join_velocity(block, env, prop)
+        return own if own.q is not None and math.isinf(own.q) else normalised
+    return _join_velocity(block, env, prop)
+
+
+def _join_velocity(block: StreamBlock, env: dict, prop: GrowthProp) -> Growth:
     join = leading(env[block.join])
     if block.form != "additive":
         q = algebra.residual(join.q)
@@ -272,9 +287,9 @@ def _unknown_here(node: fx.Node, env: dict) -> bool:
 
 
 def _velocity_output(block: StreamBlock, env: dict) -> fx.Node:
-    """The velocity term whose growth decides the block (for the derivation)."""
-    if block.form != "additive" or not block.terms:
-        return block.join
+    """The velocity term whose growth decides the block (for the derivation); a Post-LN block's norm."""
+    if block.post_region or block.form != "additive" or not block.terms:
+        return block.output
     return max(block.terms, key=lambda t: _rank(joint(env.get(t.node, CONSTANT)).q)).node
 
 

@@ -67,7 +67,9 @@ class Block:
 
     ``form`` is ``additive`` for X + v(X) (q is that of v), ``scaled`` for any other join
     (alpha X + f(X), lerp: q <= max(1, q(F))), or ``post-norm`` / ``post-activation`` when
-    the join is followed by a norm / ReLU of the block's own module (LN(X + f(X))).
+    the join is followed by a norm / ReLU of the block's own module (LN(X + f(X))) or its skip
+    carries a norm of X (a LN(X) + f(LN(X))). A post-norm block's q is its stream map's,
+    max(1, q(F)): 1 behind a norm that bounds F (Theorem 9(v)).
     """
 
     name: str

@@ -31,6 +31,7 @@ unscaled value: at most N^(-1/4).
 
 from __future__ import annotations
 
+import functools
 import math
 import statistics
 from dataclasses import dataclass
@@ -76,17 +77,29 @@ def branch_scales(analysis: Analysis) -> list[BranchScale]:
     ends = {b.name: [_branch_end(_entering(t), analysis) for t in b.terms] for b in blocks}
     projections = {node for terms in ends.values() for _, node in terms if _weight(node, analysis)[0]}
     reference, reference_fan_in = _reference(analysis, projections)
-    fixed = _fixed_std([w for w in (_weight(n, analysis)[1] for n in projections) if w is not None])
 
-    def base(weight: torch.Tensor) -> float:
+    def weights(nodes: set[fx.Node]) -> list[torch.Tensor]:
+        return [w for w in (_weight(n, analysis)[1] for n in nodes) if w is not None]
+
+    # one recipe per stack: DeepNet scales an encoder and a decoder by different betas, which mixed would
+    # read as one std for every fan_in; a stack whose projections share one fan_in takes the model's answer
+    model_fixed = bool(_fixed_std(weights(projections)))
+    fixed_in: dict[int, bool] = {}
+    for stack in stacks(analysis):
+        own = _fixed_std(weights({node for b in stack for _, node in ends[b.name] if node in projections}))
+        fixed_in.update({id(b): model_fixed if own is None else own for b in stack})
+
+    def base(weight: torch.Tensor, fixed: bool) -> float:
         """The gain the model's base init gives a layer with this weight's fan_in."""
         return reference * (math.sqrt(_fan_in(weight) / reference_fan_in) if fixed else 1.0)
 
     depth = {id(b): len(stack) for stack in stacks(analysis) for b in stack}  # N counts the block's own stack
     out = []
     for block in blocks:
-        expected = 1 / math.sqrt(depth[id(block)])
-        scales = [(_relative(multiplier, node, base if reference else None, analysis), multiplier, node) for multiplier, node in ends[block.name]]
+        expected, fixed = 1 / math.sqrt(depth[id(block)]), fixed_in[id(block)]
+        measure = functools.partial(base, fixed=fixed) if reference else None
+        scales = [(_relative(multiplier, node, measure, analysis), multiplier, node)
+                  for multiplier, node in ends[block.name]]
         known = [s for s in scales if s[0] is not None]
         if not known:
             out.append(BranchScale(block.name, None, None, expected))
@@ -119,17 +132,17 @@ def _relative(multiplier: Optional[float], node: fx.Node, base: Optional[Callabl
     return None if weight is None else multiplier * gain(weight) / base(weight)
 
 
-def _fixed_std(projections: list[torch.Tensor]) -> bool:
+def _fixed_std(projections: list[torch.Tensor]) -> Optional[bool]:
     """Whether the output projections keep one std across their fan_ins (GPT-2's 0.02) rather
     than a std falling like fan_in^(-1/2) (a fan-in init): the slope of log std against
-    log fan_in between the narrowest and the widest, nearer 0 than -1/2."""
+    log fan_in between the narrowest and the widest, nearer 0 than -1/2; None with one fan_in."""
     by_fan_in: dict[int, list[float]] = {}
     for weight in projections:
         std = float(weight.double().std()) if weight.numel() > 1 else 0.0
         if std > 0:
             by_fan_in.setdefault(_fan_in(weight), []).append(std)
     if len(by_fan_in) < 2:
-        return False
+        return None
     low, high = min(by_fan_in), max(by_fan_in)
     slope = math.log(statistics.median(by_fan_in[high]) / statistics.median(by_fan_in[low])) / math.log(high / low)
     return slope > -0.25

@@ -59,10 +59,12 @@ def superpolynomial(analysis: Analysis) -> Iterable[Finding]:
 
 @checker("QL104")
 def post_norm(analysis: Analysis) -> Iterable[Finding]:
-    for block in analysis.report.blocks:
+    for residual, block in zip(analysis.stream.blocks, analysis.report.blocks):
         if block.form == "post-norm":
             where = f" at {block.source}" if block.source else ""
-            yield rule("QL104").finding(block.name, block.source, name=block.name, at=where)
+            update = "a LN(X) + f(LN(X))" if residual.norm_in is not None else "LN(X + f(X))"
+            yield rule("QL104").finding(block.name, block.source, name=block.name, update=update,
+                                        q=format_q(block.q), at=where)
 
 
 @checker("QL105")

@@ -140,7 +140,7 @@ def stacks(analysis: Analysis) -> list[list[Any]]:
     for transition in stream.transitions:
         if transition.before is None:
             continue
-        own = {b.post_node for b in transition.after}
+        own = {n for b in transition.after for n in (b.post_node, *b.post_region)}
         if any(is_normalizer(n) and n not in own for n in transition.region):
             normalised.update((id(b), id(transition.before)) for b in transition.after)
     for block in stream.blocks:

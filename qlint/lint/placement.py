@@ -15,7 +15,8 @@ from qlint.core.propagate import leading
 from qlint.core.results import Finding
 from qlint.lint.branch_scale import branch_scales
 from qlint.lint.rule import checker, rule
-from qlint.lint.graph_queries import common_path, is_normalizer, normalised_input, stacks, uses_running_stats
+from qlint.lint.graph_queries import (common_path, is_normalizer, normalised_input, once_per_graph, stacks,
+                                     uses_running_stats)
 
 DEEP_STACK = 8  # residual blocks (branches) from which an unscaled stack is reported
 
@@ -32,21 +33,40 @@ class DeepNorm:
 
     N is DeepNet's layer count for an encoder-only (or decoder-only) stack: each layer is
     two sublayers (attention and FFN), each a Post-LN block here, so 2N is the number of
-    blocks; alpha = (2N)^(1/4) and the branches' init beta = (8N)^(-1/4). beta is read as
-    the branches' scale next to the model's unscaled layers (:mod:`qlint.lint.branch_scale`).
+    blocks; alpha = (2N)^(1/4) and the branches' init beta = (8N)^(-1/4). In an
+    encoder-decoder (a stack whose blocks read another Post-LN stack's output) the decoder's M
+    layers have three sublayers (self-attention, cross-attention, FFN): the encoder's alpha =
+    0.81 (N^4 M)^(1/16), beta = 0.87 (N^4 M)^(-1/16), the decoder's alpha = (3M)^(1/4), beta =
+    (12M)^(-1/4). beta is read as the branches' scale next to the model's unscaled layers
+    (:mod:`qlint.lint.branch_scale`).
     """
 
-    sublayers: int  # 2N
+    sublayers: int  # the stack's Post-LN blocks
     alpha: float  # the skip coefficient (median over the stack)
     beta: Optional[float]  # the branches' relative scale (median); None when the weights cannot be read
+    role: str = ""  # "encoder" or "decoder" of an encoder-decoder; "" for a stack on its own
+    partner: int = 0  # the other stack's Post-LN blocks in an encoder-decoder
+
+    @property
+    def layers(self) -> float:
+        return self.sublayers / (3 if self.role == "decoder" else 2)
+
+    @property
+    def _nm(self) -> float:
+        """N^4 M for the encoder of an encoder-decoder."""
+        return self.layers ** 4 * (self.partner / 3)
 
     @property
     def alpha_expected(self) -> float:
-        return self.sublayers ** 0.25
+        if self.role == "encoder":
+            return 0.81 * self._nm ** (1 / 16)
+        return (3 * self.layers) ** 0.25 if self.role == "decoder" else self.sublayers ** 0.25
 
     @property
     def beta_expected(self) -> float:
-        return (4 * self.sublayers) ** -0.25
+        if self.role == "encoder":
+            return 0.87 * self._nm ** (-1 / 16)
+        return (12 * self.layers) ** -0.25 if self.role == "decoder" else (4 * self.sublayers) ** -0.25
 
     @property
     def correct(self) -> bool:
@@ -55,56 +75,87 @@ class DeepNorm:
         beta_ok = self.beta is None or (self.beta > 0 and abs(math.log(self.beta / self.beta_expected)) <= BETA_TOLERANCE)
         return alpha_ok and beta_ok
 
+    def describe(self) -> dict[str, str]:
+        """The QL206 message's role, layer count and formulas."""
+        if self.role == "encoder":
+            return {"role": "encoder ", "layers": f"N = {self.layers:g} layers, decoder M = {self.partner / 3:g}",
+                    "alpha_formula": "0.81 (N^4 M)^1/16", "beta_formula": "0.87 (N^4 M)^-1/16"}
+        if self.role == "decoder":
+            return {"role": "decoder ", "layers": f"M = {self.layers:g} layers of three sublayers",
+                    "alpha_formula": "(3M)^1/4", "beta_formula": "(12M)^-1/4"}
+        return {"role": "", "layers": f"N = {self.layers:g} layers", "alpha_formula": "(2N)^1/4",
+                "beta_formula": "(8N)^-1/4"}
 
-def _post_ln(analysis: Analysis) -> tuple[list[StreamBlock], str]:
-    """The Post-LN blocks LN(X + f(X)) and the module path they share."""
-    post = [b for b in analysis.stream.blocks if b.post == "post-norm"]
-    return post, common_path([module_path(b.join) for b in post]) or type(analysis.model).__name__
+
+def _post(blocks: list[StreamBlock]) -> list[StreamBlock]:
+    return [b for b in blocks if b.post == "post-norm"]
+
+
+@once_per_graph
+def deepnorm_stacks(analysis: Analysis) -> list[tuple[list[StreamBlock], DeepNorm]]:
+    """Every Post-LN stack read as DeepNorm (its Post-LN blocks and its constants): two or more post-norm
+    blocks, each with a constant skip coefficient alpha > 1. A learned alpha is plain Post-LN whatever its
+    initial value: training moves it, and DeepNet's bound holds for the constant it derives."""
+    post = [p for p in (_post(stack) for stack in stacks(analysis)) if len(p) >= 2]
+    scales = {s.block: s.relative_std for s in branch_scales(analysis)}
+    found = []
+    for blocks in post:
+        alphas = [b.skip.coefficient for b in blocks]
+        if any(a is None or a <= 1 for a in alphas):
+            continue
+        decoder_of = next((other for other in post if other is not blocks and _reads(blocks, other, analysis)), None)
+        encoder_of = next((other for other in post if other is not blocks and _reads(other, blocks, analysis)), None)
+        role, partner = ("decoder", decoder_of) if decoder_of else ("encoder", encoder_of) if encoder_of else ("", None)
+        betas = [scales.get(b.name) for b in blocks]
+        beta = statistics.median(betas) if None not in betas else None
+        found.append((blocks, DeepNorm(len(blocks), statistics.median(alphas), beta, role, len(partner or []))))
+    return found
+
+
+def _reads(reader: list[StreamBlock], source: list[StreamBlock], analysis: Analysis) -> bool:
+    """Some block of ``reader`` reads ``source``'s output besides its own stream (cross-attention over
+    an encoder's memory)."""
+    last = source[-1].output
+    return any(analysis.graph.depends_on(u, last) for b in reader for u in b.side)
 
 
 def deepnorm(analysis: Analysis) -> Optional[DeepNorm]:
-    """The Post-LN stack read as DeepNorm: two or more post-norm blocks, each with a constant
-    skip coefficient alpha > 1 (a learned or unit alpha is plain Post-LN); None otherwise."""
-    post, _ = _post_ln(analysis)
-    alphas = [b.skip.coefficient for b in post]
-    if len(post) < 2 or any(a is None or a <= 1 for a in alphas):
-        return None
-    names = {b.name for b in post}
-    betas = [s.relative_std for s in branch_scales(analysis) if s.block in names]
-    beta = statistics.median(betas) if None not in betas else None
-    return DeepNorm(len(post), statistics.median(alphas), beta)
+    """The first stack read as DeepNorm (None when there is none)."""
+    found = deepnorm_stacks(analysis)
+    return found[0][1] if found else None
 
 
 @checker("QL202")
 def post_ln_stack(analysis: Analysis) -> Iterable[Finding]:
-    """Once per stack (an encoder-decoder's encoder and decoder are two)."""
-    if deepnorm(analysis) is not None:
-        return  # a DeepNorm stack is QL206's
+    """Once per stack (an encoder-decoder's encoder and decoder are two); a DeepNorm stack is QL206's."""
+    deep = {id(blocks[0]) for blocks, _ in deepnorm_stacks(analysis)}
     for blocks in stacks(analysis):
-        post = [b for b in blocks if b.post == "post-norm"]
-        if len(post) >= 2:
-            stack = common_path([module_path(b.join) for b in post]) or type(analysis.model).__name__
+        post = _post(blocks)
+        if len(post) >= 2 and id(post[0]) not in deep:
+            stack = _stack_name(post, analysis)
             yield rule("QL202").finding(stack, source_of(post[0].join), stack=stack, count=len(post))
 
 
 @checker("QL206")
 def deepnorm_constants(analysis: Analysis) -> Iterable[Finding]:
-    found = deepnorm(analysis)
-    if found is None or found.correct:
-        return
-    post, stack = _post_ln(analysis)
-    beta = "unknown (weights not readable)" if found.beta is None else f"{found.beta:.2f}"
-    yield rule("QL206").finding(stack, source_of(post[0].join), stack=stack, count=found.sublayers, layers=f"{found.sublayers / 2:g}",
-                                alpha=f"{found.alpha:.3g}", alpha_expected=f"{found.alpha_expected:.3g}",
-                                beta=beta, beta_expected=f"{found.beta_expected:.2f}")
+    for post, found in deepnorm_stacks(analysis):
+        if found.correct:
+            continue
+        stack = _stack_name(post, analysis)
+        beta = "unknown (weights not readable)" if found.beta is None else f"{found.beta:.2f}"
+        yield rule("QL206").finding(stack, source_of(post[0].join), stack=stack, count=found.sublayers,
+                                    alpha=f"{found.alpha:.3g}", alpha_expected=f"{found.alpha_expected:.3g}",
+                                    beta=beta, beta_expected=f"{found.beta_expected:.2f}", **found.describe())
 
 
 # --- QL203 ------------------------------------------------------------------------------------
 
 
 def pre_norm(block: StreamBlock) -> bool:
-    """The velocity starts with a normalization of the stream X_k."""
-    return any(is_normalizer(node) and normalised_input(node) is block.stream for node in block.region)
+    """The velocity starts with a normalization of the stream X_k that the skip does not pass through
+    (a LN(X) + f(LN(X)) is Post-LN with its norm moved to the block's input)."""
+    return block.norm_in is None and any(is_normalizer(node) and normalised_input(node) is block.stream
+                                         for node in block.region)
 
 
 @checker("QL203")
@@ -144,9 +195,13 @@ def _stack_name(blocks: list[StreamBlock], analysis: Analysis) -> str:
 
 @checker("QL204")
 def unscaled_deep_residual(analysis: Analysis) -> Iterable[Finding]:
+    """Once per deep stack. A DeepNorm stack is QL206's: its branches' init is checked against DeepNet's
+    own beta for the stack's role, which in an encoder-decoder's encoder is above N^(-1/4) (0.87 (N^4
+    M)^(-1/16)); a missing beta is reported there."""
     scales = {s.block: s for s in branch_scales(analysis)}
+    deep = {id(b) for blocks, _ in deepnorm_stacks(analysis) for b in blocks}
     for blocks in stacks(analysis):
-        if len(blocks) < DEEP_STACK:
+        if len(blocks) < DEEP_STACK or any(id(b) in deep for b in blocks):
             continue
         unscaled = [scales[b.name] for b in blocks if b.name in scales and scales[b.name].scaled is False]
         if not unscaled:

@@ -112,7 +112,7 @@ class Trajectory:
 
 
 class VelocityField:
-    """v(X) = F(X) - X: the block's join re-run with X_k := X, all else as recorded.
+    """v(X) = F(X) - X: the block's join (a Post-LN block's: its norm) re-run with X_k := X, all else as recorded.
 
     Only the block's region is re-run; every other node (embeddings, token ids, the
     values the block reads from elsewhere) keeps its recorded value, so v is a function
@@ -137,8 +137,9 @@ class VelocityField:
         self.evaluations += 1
         with torch.random.fork_rng(devices=[x.device] if x.device.type == "cuda" else []):
             torch.manual_seed(0)
-            local = run_cone(self.interpreter, {self.block.stream: x}, self.block.region, self.trajectory.values)
-        out = local[self.block.join]
+            local = run_cone(self.interpreter, {self.block.stream: x}, self.block.region + self.block.post_region,
+                             self.trajectory.values)
+        out = local[self.block.output]
         return out - x if out.shape == x.shape else out
 
 
@@ -745,7 +746,7 @@ class ProbeState:
         ``direction`` (the velocity, not the output, is compared: a branch that returns the
         update without the skip differs by the whole input). Only unit scale is compared:
         where graph and model part at large scale is what the eager witness is for."""
-        stream, join = field_.stream, self.trajectory.values[field_.block.join]
+        stream, join = field_.stream, self.trajectory.values[field_.block.output]
         matches: list[tuple[float, int, EagerCall]] = []
         for index, call in enumerate(self.calls):
             if not _same_velocity(call.output - call.args[0], join - stream, stream):
