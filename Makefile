@@ -17,7 +17,7 @@ ZOO_PINS := transformers==5.24.0
 TORCH_INDEX_URL ?=
 TORCH_INDEX := $(if $(TORCH_INDEX_URL),--index-url $(TORCH_INDEX_URL),)
 
-.PHONY: demo test bench
+.PHONY: demo test bench bench-phases
 
 $(VENV)/.installed: pyproject.toml Makefile
 	$(PYTHON) -m venv $(VENV)
@@ -34,3 +34,5 @@ test: $(VENV)/.installed
 
 bench: $(VENV)/.installed
 	$(PY) bench/bench_speed.py --repeat 3
+bench-phases: $(VENV)/.installed  # where the time goes, phase by phase, on three 2-layer HF decoders (slow: about 20 min)
+	$(PY) bench/bench_phases.py --repeat 3

@@ -450,6 +450,26 @@ def test_a_poison_stored_in_a_container_is_taken_back_and_abandons_reuse():
     assert not any(type(v) is reuse._Poison for v in LOG) and LOG[0] == 0
 
 
+def test_a_poison_stored_in_a_frozen_container_is_taken_back_too():
+    """qlint.api freezes what is alive before the trace (gc.freeze), which gc.get_referrers does not
+    search: a module-level list holding a poison is found and restored all the same."""
+    import gc
+
+    from qlint.api import collections_eased, settled
+
+    LOG.clear()
+    with torch.device("meta"):
+        model = Stack([Logs(i) for i in range(3)]).eval()
+        inputs = (torch.randn(2, 8),)
+    with collections_eased():
+        settled()
+        assert gc.get_freeze_count() > 0
+        module = _export(model, inputs)
+    assert gc.get_freeze_count() == 0
+    assert not module.meta.get("qlint_replayed") and module.meta["qlint_reuse_abandoned"].endswith("(in a list)")
+    assert not any(type(v) is reuse._Poison for v in LOG) and LOG[0] == 0
+
+
 def test_the_analysis_leaves_every_module_in_the_mode_it_was_in():
     """model.train(was_training) would flatten a layer left in train mode alone (found by review)."""
     torch.manual_seed(0)

@@ -365,7 +365,15 @@ def _reclaim(poisons: list[_Poison]) -> Optional[str]:
     if all(sys.getrefcount(p) <= 3 for p in poisons):  # the list, the loop variable, the argument
         return None
     held = None
-    for holder in gc.get_referrers(*poisons):
+    frozen = gc.get_freeze_count()  # get_referrers does not search frozen objects (qlint.api freezes the
+    if frozen:                      # model and the modules while it is analysed): search them too
+        gc.unfreeze()
+    try:
+        holders = gc.get_referrers(*poisons)
+    finally:
+        if frozen:
+            gc.freeze()
+    for holder in holders:
         if holder is poisons or isinstance(holder, types.FrameType):
             continue
         if isinstance(holder, list):

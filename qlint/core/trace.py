@@ -388,8 +388,9 @@ def _export(model: torch.nn.Module, inputs: tuple, *, reuse: bool = True) -> fx.
 
 def _exported_module(model: torch.nn.Module, inputs: tuple) -> fx.GraphModule:
     """The exported graph, every input axis dynamic where the model allows it (:mod:`qlint.core.shapes`),
-    else static; the module's meta records which and the export's shape guards."""
-    dynamic = shapes.automatic(model, inputs)
+    else static; the module's meta records which and the export's shape guards. On meta tensors, where
+    no other shape can be compared (:func:`shape_coverage`), static: symbolic sizes would cost time only."""
+    dynamic = None if _has_meta(model, inputs) else shapes.automatic(model, inputs)
     program = None
     if dynamic is not None:
         try:
