@@ -35,11 +35,11 @@ import argparse
 import json
 import os
 import statistics
-import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
+
+from bench_speed import measure  # noqa: E402  (bench/ is the script's folder)
 
 ROOT = Path(__file__).resolve().parents[1]
 DEFAULT = ["fixtures/zoo3.py:qwen3_next", "fixtures/zoo3.py:gemma3n", "fixtures/zoo3.py:kimi_linear"]
@@ -129,20 +129,6 @@ sys.stdout.flush()
 os.write(1, (json.dumps({"phases": totals, "failed": failed, "report": buffer.getvalue()}) + "\n").encode())
 os._exit(0)
 """
-
-
-def measure(command: list[str], root: Path) -> dict:
-    """Run a child in ``root``: stdout, stderr, exit code, wall and CPU seconds (user + sys, its children included)."""
-    env = {**os.environ, "HF_HUB_OFFLINE": "1"}
-    with tempfile.TemporaryFile("w+") as out, tempfile.TemporaryFile("w+") as err:
-        start = time.perf_counter()
-        child = subprocess.Popen(command, cwd=root, stdout=out, stderr=err, env=env, text=True)
-        _, status, usage = os.wait4(child.pid, 0)
-        wall = time.perf_counter() - start
-        out.seek(0)
-        err.seek(0)
-        return {"stdout": out.read(), "stderr": err.read(), "code": os.waitstatus_to_exitcode(status), "wall": wall,
-                "cpu": usage.ru_utime + usage.ru_stime}
 
 
 def phases(spec: str, root: Path) -> dict:

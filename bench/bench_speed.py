@@ -66,12 +66,13 @@ print(json.dumps({"wall": time.perf_counter() - wall, "cpu": time.process_time()
 """
 
 
-def measure(command: list[str]) -> dict:
-    """Run a child; its stdout, exit code, wall seconds, CPU seconds and peak RSS (wait4)."""
+def measure(command: list[str], root: Path = ROOT) -> dict:
+    """Run a child in ``root``; its stdout, stderr, exit code, wall seconds, CPU seconds (user + sys,
+    its children included) and peak RSS (wait4)."""
     env = {**os.environ, "HF_HUB_OFFLINE": "1"}
     with tempfile.TemporaryFile("w+") as out, tempfile.TemporaryFile("w+") as err:
         start = time.perf_counter()
-        child = subprocess.Popen(command, cwd=ROOT, stdout=out, stderr=err, env=env, text=True)
+        child = subprocess.Popen(command, cwd=root, stdout=out, stderr=err, env=env, text=True)
         _, status, usage = os.wait4(child.pid, 0)
         wall = time.perf_counter() - start
         child.returncode = os.waitstatus_to_exitcode(status)

@@ -53,7 +53,7 @@ def test_post_ln_of_a_norm_free_swiglu_is_q1_not_q2(name):
     assert codes(name, "QL101", "QL104", "QL202") == [("QL104", n) for n in LAYERS3] + [("QL202", "layers")]
     assert messages(name, "QL104")[0] == (
         "block `layers.0` is a Post-LN update LN(X + f(X)): outside the additive analysis; q = 1 is that of its "
-        "stream map's velocity F(X) - X at fixtures/post_ln_variants.py:78")
+        "stream map's velocity F(X) - X at fixtures/post_ln_variants.py:63")
 
 
 def test_a_post_ln_block_is_witnessed_on_its_normalised_map():
