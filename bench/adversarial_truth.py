@@ -200,7 +200,8 @@ def check_case(case: Case, quick: bool = False) -> Result:
         with torch.no_grad():
             model, x = build(factory)
             result.pole = measure_pole(model, x, hints)
-    result.measured, result.max_prefix_slope, result.nonfinite = measured.measured, measured.max_prefix_slope, measured.nonfinite
+    result.measured, result.max_prefix_slope, result.nonfinite = (measured.measured, measured.max_prefix_slope,
+                                                                  measured.nonfinite)
     _judge(result)
     result.seconds = time.perf_counter() - start
     return result
@@ -227,7 +228,8 @@ def _judge(result: Result) -> None:
         return
     if result.nonfinite:
         bad = next(r for r in result.rays if r.nonfinite_at is not None)
-        result.reason = f"non-finite v at s={bad.nonfinite_at:.3g} ({bad.perturbation}, {bad.direction}) for a polynomial label"
+        result.reason = (f"non-finite v at s={bad.nonfinite_at:.3g} ({bad.perturbation}, {bad.direction}) for a "
+                         "polynomial label")
         return
     worst = result.worst()
     assert worst is not None and result.measured is not None
@@ -251,9 +253,11 @@ def _fmt_q(q: Any) -> str:
 
 def main(argv: Optional[list[str]] = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true", help="fewer directions and perturbations (the test suite's mode)")
+    parser.add_argument("--quick", action="store_true",
+                        help="fewer directions and perturbations (the test suite's mode)")
     parser.add_argument("-k", default="", help="only cases whose spec contains this substring")
-    parser.add_argument("--cases", type=Path, action="append", help="a cases file (default: every fixtures/adversarial/CASES*.toml)")
+    parser.add_argument("--cases", type=Path, action="append",
+                        help="a cases file (default: every fixtures/adversarial/CASES*.toml)")
     args = parser.parse_args(argv)
     torch.set_num_threads(1)
     cases = [c for c in load_cases(args.cases) if args.k in c.spec]
@@ -266,7 +270,8 @@ def main(argv: Optional[list[str]] = None) -> int:
         try:
             result = check_case(case, quick=args.quick)
         except Exception as exc:  # a case that does not run cannot be confirmed
-            print(f"{case.spec:48} {case.family:>3} {case.expect:6} {_fmt_q(case.q_true):>6} {'-':>8} {'-':>6}  ERROR {type(exc).__name__}: {exc}")
+            print(f"{case.spec:48} {case.family:>3} {case.expect:6} {_fmt_q(case.q_true):>6} {'-':>8} {'-':>6}  ERROR "
+                  f"{type(exc).__name__}: {exc}")
             contradicted.append(case.spec)
             continue
         measured = "-" if result.measured is None else f"{result.measured:.2f}"

@@ -89,7 +89,7 @@ eased = contextlib.ExitStack()  # the collector as the CLI's worker process has 
 eased.enter_context(getattr(qlint.api, "collections_eased", contextlib.nullcontext)())
 import torch
 import qlint.analysis, qlint.loader, qlint.lint
-import qlint.core.trace as trace, qlint.core.engine as engine
+import qlint.core.capture as capture, qlint.core.graph_check as graph_check, qlint.core.engine as engine
 import qlint.probe.block_witness as block_witness
 leave()
 spec = sys.argv[1]
@@ -101,12 +101,13 @@ owner = module
 for part in attribute.split(".")[:-1]:
     owner = getattr(owner, part)
 patch(owner, attribute.split(".")[-1], "build")
-for name in ("_symbolic_trace", "_export", "_make_fx"):
-    patch(trace, name, "trace")
-for name in ("compare_with_eager", "computes", "shape_coverage", "_eager_failure"):
-    patch(trace, name, "check")
-qlint.analysis.computes = trace.computes
-patch(qlint.analysis, "analyse", "analysis")
+for name in ("symbolic_trace_module", "export_module", "make_fx_module"):
+    patch(capture, name, "trace")
+for name in ("compare_with_eager", "shape_coverage", "eager_failure"):
+    patch(capture, name, "check")
+patch(graph_check, "computes", "check")  # shape_coverage's own calls, and the analysis's over other shapes
+qlint.analysis.computes = graph_check.computes
+patch(qlint.analysis, "analyse_graph", "analysis")
 patch(qlint.analysis, "run_checks", "analysis")
 patch(block_witness, "witness", "witness")
 import qlint.lint as lint
@@ -144,7 +145,8 @@ def phases(spec: str, root: Path) -> dict:
 
 def cli(spec: str, root: Path) -> dict:
     """``qlint SPEC --no-cache --format json`` end to end (its worker process included)."""
-    result = measure([sys.executable, "-m", "qlint", spec, "--no-cache", "--format", "json", "--isolated", "--exit-zero"], root)
+    result = measure([sys.executable, "-m", "qlint", spec, "--no-cache", "--format", "json", "--isolated",
+                      "--exit-zero"], root)
     if result["code"] == 2:
         raise SystemExit(f"{spec}: qlint failed in {root}:\n{result['stderr'][-3000:]}")
     return {"cpu": result["cpu"], "wall": result["wall"], "report": comparable(result["stdout"], root)}
@@ -194,7 +196,8 @@ def show(results: dict, specs: list[str], repeat: int) -> None:
         names = [p for p in [*PHASES, "total"] if any(p in r for tree in trees for r in results[tree][spec]["runs"])]
         rows = {name: [medians(results[tree][spec]["runs"], name) for tree in trees] for name in names}
         if all(results[tree][spec]["cli"] for tree in trees):
-            rows["CLI"] = [tuple(statistics.median(c[k] for c in results[tree][spec]["cli"]) for k in (0, 1)) for tree in trees]
+            rows["CLI"] = [tuple(statistics.median(c[k] for c in results[tree][spec]["cli"]) for k in (0, 1))
+                           for tree in trees]
         for name, values in rows.items():
             line = f"{name:<9}" + "".join(f" {cpu:>12.2f} ({wall:>7.2f})" for cpu, wall in values)
             if len(trees) == 2:

@@ -88,14 +88,16 @@ class Failed(Exception):
 
 BARE_EXPORT = """
 import torch, transformers
-config = transformers.LlamaConfig(vocab_size=32000, max_position_embeddings=4096, hidden_size=4096, intermediate_size=11008,
+config = transformers.LlamaConfig(vocab_size=32000, max_position_embeddings=4096, hidden_size=4096,
+                                  intermediate_size=11008,
                                   num_hidden_layers=32, num_attention_heads=32, num_key_value_heads=32)
 with torch.device("meta"):
     model = transformers.LlamaModel(config).eval()
 model.config.use_cache = False  # a KV cache object is not a valid export output
 torch.export.export(model, (torch.randint(0, 32000, (1, 8), device="meta"),), strict=False)
 """
-WHOLE = "LLaMA-2-7B config (meta)"  # the model of the whole-process comparison; BARE_EXPORT builds it (fixtures/hf.py:llama_7b)
+# the model of the whole-process comparison; BARE_EXPORT builds it (fixtures/hf.py:llama_7b)
+WHOLE = "LLaMA-2-7B config (meta)"
 
 
 def whole_process(spec: str, repeat: int) -> list[tuple[float, float]]:
@@ -170,7 +172,8 @@ def main() -> None:
         ratios[label] = median(analysis, "cpu") / median(export, "cpu")
         ends[label] = median(end_to_end, "cpu")
         rows.append(f"{label:<31} {median(export, 'cpu'):>7.2f} {median(analysis, 'cpu'):>7.2f} {ratios[label]:>6.2f}"
-                    f" {ends[label]:>8.2f} ({median(end_to_end, 'wall'):>5.1f}) {max(r['rss_mb'] for r in end_to_end):>8.0f}")
+                    f" {ends[label]:>8.2f} ({median(end_to_end, 'wall'):>5.1f}) "
+                    f"{max(r['rss_mb'] for r in end_to_end):>8.0f}")
     whole = None
     if WHOLE in models:
         try:
@@ -205,7 +208,8 @@ def main() -> None:
     print(header)
     print("-" * len(header))
     for label, runs in commands.items():
-        print(f"{label:<31} {median(runs, 'cpu'):>7.2f} {median(runs, 'wall'):>7.2f} {max(r['rss_mb'] for r in runs):>8.0f}")
+        print(f"{label:<31} {median(runs, 'cpu'):>7.2f} {median(runs, 'wall'):>7.2f} "
+              f"{max(r['rss_mb'] for r in runs):>8.0f}")
     print(f"{'cache hit / miss (CPU)':<31} {median(hits, 'cpu') / median(misses, 'cpu'):>7.3f}")
     print()
     targets = [

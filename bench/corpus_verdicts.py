@@ -38,8 +38,10 @@ def run(specs: list[str], root: Path) -> tuple[dict, float]:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("corpora", nargs="*", type=Path, default=sorted((ROOT / "fixtures" / "adversarial").glob("CASES*.toml")))
-    parser.add_argument("--qlint-root", type=Path, default=ROOT, help="run the qlint found here (a worktree of another commit)")
+    parser.add_argument("corpora", nargs="*", type=Path,
+                        default=sorted((ROOT / "fixtures" / "adversarial").glob("CASES*.toml")))
+    parser.add_argument("--qlint-root", type=Path, default=ROOT,
+                        help="run the qlint found here (a worktree of another commit)")
     parser.add_argument("--list", action="store_true", help="print every case, not only the wrong ones")
     args = parser.parse_args(argv)
     cases = {}
@@ -53,7 +55,8 @@ def main(argv: list[str] | None = None) -> int:
         model = report.get(spec, {"verdict": "missing"})
         verdict, q = model.get("verdict"), model.get("max_q")
         unsafe = entry["expect"] == "unsafe"
-        counts = families.setdefault((corpus, int(entry["family"])), [0, 0, 0, 0])  # unsafe, false cert, safe, false alarm
+        # unsafe, false cert, safe, false alarm
+        counts = families.setdefault((corpus, int(entry["family"])), [0, 0, 0, 0])
         counts[0 if unsafe else 2] += 1
         bad = (unsafe and verdict == "certified") or (not unsafe and verdict != "certified")
         counts[1 if unsafe else 3] += bad
@@ -61,7 +64,8 @@ def main(argv: list[str] | None = None) -> int:
             reason = "; ".join(f"{f['code']} {f['message'][:110]}" for f in model.get("findings", []) if f["code"] in
                                ("QL101", "QL102", "QL103", "QL106", "QL107")) or model.get("error", "")
             wrong.append(f"{'FALSE CERT' if bad and unsafe else 'FALSE ALARM' if bad else 'ok'}  {Path(spec).name}:"
-                         f"{spec.rsplit(':', 1)[1] if ':' in spec else ''} q_true={entry['q_true']} -> {verdict} q={q}  {reason[:220]}")
+                         f"{spec.rsplit(':', 1)[1] if ':' in spec else ''} q_true={entry['q_true']} -> {verdict} "
+                         f"q={q}  {reason[:220]}")
     for (corpus, family), (u, fc, s, fa) in sorted(families.items()):
         print(f"{corpus:16} family {family:3}: {fc}/{u} unsafe certified, {fa}/{s} safe not certified")
     total = [sum(c[i] for c in families.values()) for i in range(4)]

@@ -1,4 +1,4 @@
-"""The differential soundness law for minutes (tests/test_differential.py runs 100 examples).
+"""The differential soundness law for minutes (tests/probe/test_differential.py runs 100 examples).
 
     .venv/bin/python bench/differential_long.py --minutes 10
 
@@ -54,7 +54,8 @@ def main() -> int:
     except TimeUp:
         pass
     elapsed = time.monotonic() - (deadline - 60 * arguments.minutes)
-    print(f"{counts['examples']} examples in {elapsed:.0f} s: " + ", ".join(f"{k} {v}" for k, v in sorted(counts.items()) if k != "examples")
+    print(f"{counts['examples']} examples in {elapsed:.0f} s: "
+          + ", ".join(f"{k} {v}" for k, v in sorted(counts.items()) if k != "examples")
           + f"; {len(violations)} violations")
     return 1 if violations else 0
 

@@ -54,7 +54,8 @@ def caught(spec: str) -> tuple[str, str]:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("corpora", nargs="*", type=Path, default=sorted((ROOT / "fixtures" / "adversarial").glob("CASES*.toml")))
+    parser.add_argument("corpora", nargs="*", type=Path,
+                        default=sorted((ROOT / "fixtures" / "adversarial").glob("CASES*.toml")))
     args = parser.parse_args(argv)
     warnings.simplefilter("ignore")  # the corpus's own models warn (std of one entry); the figures are what is printed
     start = time.perf_counter()

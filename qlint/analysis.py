@@ -18,9 +18,12 @@ import torch
 
 from qlint.registry import Declared
 from qlint.registry import default as default_registry
-from qlint.core.engine import Analysis, Gap, analyse
+from qlint.core.engine import Analysis, Gap, analyse_graph
 from qlint.core.results import ModelReport
-from qlint.core.trace import TraceFailure, TracedGraph, capture, computes, shapes_of
+from qlint.core.capture import capture, shapes_of
+from qlint.core.graph_check import computes
+from qlint.core.ops import declared_name
+from qlint.core.trace import TraceFailure, TracedGraph
 from qlint.lint import run_checks
 from qlint.loader import LoadedModel, load, make_inputs
 
@@ -36,9 +39,12 @@ class Options:
     input_shapes: Sequence[Any] = ()
     input_dtype: str = "float32"
     remedies: bool = False  # propose re-checked remedies for failing blocks (qlint.api attaches them)
-    primitives: Mapping[type, Declared] = field(default_factory=dict)  # declared opaque modules
+    primitives: Mapping[type, Declared] = field(default_factory=dict)  # declared opaque modules, by class
+    # [tool.qlint.primitives]: opaque modules by class name, matched against the model's classes by `run`
+    declared_by_name: Mapping[str, tuple[float, str]] = field(default_factory=dict)
     layer_reuse: bool = True  # export traces identical layers once (qlint.core.reuse); off: every layer traced
-    witness: bool = True  # measure every certified block before certifying it (qlint.probe.block_witness, qlint.api runs it)
+    # measure every certified block before certifying it (qlint.probe.block_witness, qlint.api runs it)
+    witness: bool = True
     witness_budget: float = 10.0  # seconds the witness may spend on one model
 
 
@@ -49,7 +55,7 @@ def run(model: torch.nn.Module, inputs: Optional[tuple], *, spec: str, options: 
     ``traced`` analyses that graph of ``model`` as it is, without tracing: remedies
     re-check an edited copy. The model's mode is restored afterwards.
     """
-    registry = default_registry().with_declared(dict(options.primitives))
+    registry = default_registry().with_declared({**declared_in(model, options.declared_by_name), **options.primitives})
     modes = [(module, module.training) for module in model.modules()]  # per module: a layer may be in train mode alone
     try:
         if options.mode is not None:
@@ -57,7 +63,7 @@ def run(model: torch.nn.Module, inputs: Optional[tuple], *, spec: str, options: 
         inputs = _on_model_device(model, inputs)
         if traced is None:
             traced = capture(model, inputs, registry, prefer=options.tracer, reuse=options.layer_reuse)
-        analysis = analyse(model, inputs, traced, registry, spec=spec, threshold=options.threshold)
+        analysis = analyse_graph(model, inputs, traced, registry, spec=spec, threshold=options.threshold)
         if traced.shapes is not None:
             analysis = _over_shapes(model, analysis, registry, spec, options)
         analysis.options = options
@@ -112,7 +118,7 @@ def _over_shapes(model: torch.nn.Module, analysis: Analysis, registry: Any, spec
             continue
         traced.example = other.inputs
         graphs.append(traced)
-        alternative = analyse(model, other.inputs, traced, registry, spec=spec, threshold=options.threshold)
+        alternative = analyse_graph(model, other.inputs, traced, registry, spec=spec, threshold=options.threshold)
         notes.append(f"the graph differs from the model on inputs {shapes}: traced and analysed there too "
                      f"({alternative.report.verdict})")
         if _severity(alternative) > _severity(worst):
@@ -121,12 +127,13 @@ def _over_shapes(model: torch.nn.Module, analysis: Analysis, registry: Any, spec
             worst = alternative
     if any(other.unrolled for other in coverage.uncovered):
         analysed = [shapes_of(analysis.inputs), *(shapes_of(g.example) for g in graphs)]
-        notes.append(f"a loop is unrolled over an axis: the certificate holds for the lengths analysed ({'; '.join(analysed)})"
+        notes.append("a loop is unrolled over an axis: the certificate holds for the lengths analysed "
+                     f"({'; '.join(analysed)})"
                      + (f", not for {', '.join(loops)}" if loops else ""))
     if collapsed:
         notes.append(f"not analysed: {', '.join(collapsed)}, where an inner size becomes or stops being 1 or two sizes "
-                     "become equal (the export specialises those, as it does inputs of size 1): the certificate holds for "
-                     "the sizes analysed")
+                     "become equal (the export specialises those, as it does inputs of size 1): the certificate holds "
+                     "for the sizes analysed")
     worst.report.extra["shapes"] = "; ".join(notes)
     return worst
 
@@ -163,15 +170,22 @@ def class_paths(model: torch.nn.Module, report: ModelReport) -> dict[str, str]:
     return paths
 
 
-def analyze(model: torch.nn.Module, example_inputs: Optional[tuple] = None, *, spec: Optional[str] = None,
-            mode: Optional[str] = None, tracer: Optional[str] = None, threshold: float = 1.0,
-            primitives: Optional[Mapping[type, Any]] = None) -> Any:
-    """Certify every residual block of ``model``; returns the ModelReport (no config, no suppressions).
+def declared_in(model: torch.nn.Module, table: Mapping[str, tuple[float, str]]) -> dict[type, Declared]:
+    """The classes of ``table`` (``[tool.qlint.primitives]``) that occur in ``model``, as declarations.
 
-    ``qlint.analyze`` (:mod:`qlint.api`) is the same with the project's configuration.
+    A key ``"pkg.mod.Class"`` names a class by module and qualified name; for a model
+    loaded from a file (``path/mod.py:build``) ``"mod.Class"`` names a class of that file.
     """
-    options = Options(mode=mode, tracer=tracer, threshold=threshold, primitives=declarations(primitives or {}))
-    return run(model, example_inputs, spec=spec or type(model).__name__, options=options).report
+    if not table:
+        return {}
+    found = {}
+    for cls in {type(m) for m in model.modules()}:
+        for name in (f"{cls.__module__}.{cls.__qualname__}", declared_name(cls)):
+            if name in table:
+                q, why = table[name]
+                found[cls] = Declared(q=q, why=why)
+                break
+    return found
 
 
 def declarations(table: Mapping[Any, Any]) -> dict[type, Declared]:
@@ -223,4 +237,4 @@ def run_specs(specs: Sequence[str], options: Optional[Options] = None) -> Any:
     return Report(models)
 
 
-__all__ = ["Options", "analyze", "declarations", "load_model", "run", "run_specs"]
+__all__ = ["Options", "declarations", "declared_in", "load_model", "run", "run_specs"]

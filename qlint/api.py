@@ -103,12 +103,14 @@ def analyse_configured(settings: Config, *, remedies: bool = False, jobs: int = 
                 note("info", f"{spec}: {cache.why}")
             pending.append((index, spec, key))
     supervised = jobs > 1 if supervised is None else supervised
-    outcomes = _analyse_each(settings, [(spec, key) for _, spec, key in pending], remedies, jobs, supervised, faulthandler)
+    outcomes = _analyse_each(settings, [(spec, key) for _, spec, key in pending], remedies, jobs, supervised,
+                             faulthandler)
     for (index, spec, _), outcome in zip(pending, outcomes):
         if isinstance(outcome, WorkerDied):  # named here: the supervisor knows tasks, not specs
             outcome = WorkerDied(f"{spec}: {outcome}")
         models[index] = outcome if isinstance(outcome, ModelReport) else _failed(spec, outcome, on_failure)
-    return Report(apply_suppressions([models[i] for i in range(len(settings.models))], settings), from_cache=frozenset(replayed))
+    return Report(apply_suppressions([models[i] for i in range(len(settings.models))], settings),
+                  from_cache=frozenset(replayed))
 
 
 def cache_key(cache: ResultCache, settings: Config, spec: str, remedies: bool) -> str:
@@ -160,7 +162,8 @@ def _worker(settings: Config, spec: str, remedies: bool, key: Optional[str]) -> 
             _fresh_random_state()
             return analyse_one(settings, spec, remedies, key)
     except Exception as exc:  # noqa: BLE001
-        return WorkerFailure(failure_message(exc), "".join(traceback.format_exception(type(exc), exc, exc.__traceback__)))
+        return WorkerFailure(failure_message(exc),
+                             "".join(traceback.format_exception(type(exc), exc, exc.__traceback__)))
 
 
 _EASED: list[bool] = []  # set while collections_eased() is active (the outermost one)
@@ -280,11 +283,24 @@ def _one(settings: Config, spec: str, *, remedies: bool) -> ModelReport:
 
 
 def prepare(settings: Config, spec: str, *, remedies: bool = False) -> tuple[Any, Any]:
-    """Load ``spec`` with its settings from the config and the primitives it declares."""
-    from qlint.analysis import Options, load_model
+    """Load ``spec`` with the options the configuration gives it, resolved before the model is loaded."""
+    from qlint.analysis import load_model
+
+    options = options_for(settings, spec, remedies=remedies)
+    return load_model(spec, options), options
+
+
+def options_for(settings: Config, spec: str, *, remedies: bool = False,
+                primitives: Optional[Mapping[Any, Any]] = None) -> Any:
+    """The analysis options of ``spec``: its per-model settings, the witness, and the declared primitives
+    (``[tool.qlint.primitives]`` and ``primitives=`` keys by class name, matched against the model's classes
+    when it is analysed; ``primitives=`` keys that are classes, as they are)."""
+    from qlint.analysis import Options, declarations
 
     model_settings = settings.options_for(spec)
-    options = Options(
+    by_name = {key: _q_and_why(value) for key, value in (primitives or {}).items() if isinstance(key, str)}
+    by_class = {key: value for key, value in (primitives or {}).items() if not isinstance(key, str)}
+    return Options(
         mode=model_settings.mode,
         tracer=model_settings.tracer,
         device=model_settings.device,
@@ -294,34 +310,13 @@ def prepare(settings: Config, spec: str, *, remedies: bool = False) -> tuple[Any
         remedies=remedies,
         witness=settings.witness,
         witness_budget=settings.witness_budget,
+        declared_by_name={**settings.primitives, **by_name},
+        primitives=declarations(by_class),
     )
-    loaded = load_model(spec, options)
-    options.primitives = declared_in(loaded.model, settings.primitives)
-    return loaded, options
 
 
-def declared_in(model: Any, table: Mapping[str, tuple[float, str]]) -> dict[type, Any]:
-    """The ``[tool.qlint.primitives]`` classes that occur in ``model``, as declarations.
-
-    A key ``"pkg.mod.Class"`` names a class by module and qualified name; for a model
-    loaded from a file (``path/mod.py:build``) ``"mod.Class"`` names a class of that file.
-    """
-    from qlint.core.ops import declared_name
-    from qlint.registry import Declared
-
-    if not table:
-        return {}
-    found = {}
-    for cls in {type(m) for m in model.modules()}:
-        for name in (f"{cls.__module__}.{cls.__qualname__}", declared_name(cls)):
-            if name in table:
-                q, why = table[name]
-                found[cls] = Declared(q=q, why=why)
-                break
-    return found
-
-
-def analyze(model: Any, example_inputs: Optional[tuple] = None, *, spec: Optional[str] = None, config: Union[str, Path, None] = None,
+def analyze(model: Any, example_inputs: Optional[tuple] = None, *, spec: Optional[str] = None,
+            config: Union[str, Path, None] = None,
             isolated: bool = False, primitives: Optional[Mapping[type, Any]] = None, cwd: Union[str, Path, None] = None,
             **flags: Any) -> ModelReport:
     """Certify every residual block of ``model`` with the project's configuration applied.
@@ -333,17 +328,12 @@ def analyze(model: Any, example_inputs: Optional[tuple] = None, *, spec: Optiona
     for this call only (layered on the configuration's ``[tool.qlint.primitives]``); a
     key may also be a class name as the configuration writes it (``"pkg.mod.MyGate"``).
     """
-    from qlint.analysis import Options, declarations, run
+    from qlint.analysis import run
     from qlint.ci.suppress import apply_suppressions
 
     settings = configure(None, config=config, isolated=isolated, cwd=cwd, **flags)
     name = spec or type(model).__name__
-    model_settings = settings.options_for(name)
-    by_name = {key: _q_and_why(value) for key, value in (primitives or {}).items() if isinstance(key, str)}
-    by_class = {key: value for key, value in (primitives or {}).items() if not isinstance(key, str)}
-    declared = {**declared_in(model, {**settings.primitives, **by_name}), **declarations(by_class)}
-    options = Options(mode=model_settings.mode, tracer=model_settings.tracer, threshold=model_settings.threshold,
-                      primitives=declared, witness=settings.witness, witness_budget=settings.witness_budget)
+    options = options_for(settings, name, primitives=primitives)
     analysis = run(model, example_inputs, spec=name, options=options)
     if options.witness:
         from qlint.probe.block_witness import attach as witness
@@ -366,7 +356,8 @@ def probe(specs: Optional[Sequence[str]] = None, *, config: Union[str, Path, Non
     with model_code():
         for spec, loaded, options in _configured_models(specs, config, isolated, overrides, cwd, flags):
             with model_code(spec, "probing the model (running its blocks)"):
-                result = probe_model(loaded.model, loaded.inputs, spec=spec, options=options, settings=settings or ProbeSettings(), **extra)
+                result = probe_model(loaded.model, loaded.inputs, spec=spec, options=options,
+                                     settings=settings or ProbeSettings(), **extra)
             logs.attach(result)
             results.append(result)
     return results
@@ -383,11 +374,13 @@ def probe_loops(specs: Optional[Sequence[str]] = None, *, config: Union[str, Pat
     with model_code():
         for spec, loaded, options in _configured_models(specs, config, isolated, overrides, cwd, flags):
             with model_code(spec, "probing the model's loops (running them)"):
-                found[spec] = probe_model_loops(loaded.model, loaded.inputs, spec=spec, options=options, settings=settings or LoopSettings())
+                found[spec] = probe_model_loops(loaded.model, loaded.inputs, spec=spec, options=options,
+                                                settings=settings or LoopSettings())
     return found
 
 
-def models_to_run(specs: Optional[Sequence[str]] = None, *, config: Union[str, Path, None] = None, isolated: bool = False,
+def models_to_run(specs: Optional[Sequence[str]] = None, *, config: Union[str, Path, None] = None,
+                  isolated: bool = False,
                   overrides: Iterable[str] = (), cwd: Union[str, Path, None] = None, **flags: Any) -> Config:
     """The configuration of a probe or a coverage run, every option and spec error raised before
     torch is imported (a flag's value, a missing file, a folder given as a spec)."""
@@ -436,5 +429,5 @@ def _q_and_why(value: Any) -> tuple[float, str]:
     return (value.q, value.why) if hasattr(value, "why") else (float(value["q"]), str(value["why"]))
 
 
-__all__ = ["analyze", "analyse_configured", "check", "configure", "declared_in", "model_code", "models_to_run", "prepare", "probe",
+__all__ = ["analyze", "analyse_configured", "check", "configure", "model_code", "models_to_run", "prepare", "probe",
            "probe_loops"]

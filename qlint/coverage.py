@@ -41,7 +41,8 @@ class OpUse:
         return bool(self.blocks)
 
     def to_dict(self) -> dict[str, Any]:
-        return {"op": self.op, "count": self.count, "status": self.status, "entries": self.entries, "blocks": self.blocks}
+        return {"op": self.op, "count": self.count, "status": self.status, "entries": self.entries,
+                "blocks": self.blocks}
 
 
 @dataclass
@@ -137,7 +138,8 @@ class OpSet:
         return len(self.covered) / len(self.ops) if self.ops else 1.0
 
     def to_dict(self) -> dict[str, Any]:
-        return {"name": self.name, "total": len(self.ops), "covered": len(self.covered), "share": round(self.share, 4), "missing": self.missing}
+        return {"name": self.name, "total": len(self.ops), "covered": len(self.covered), "share": round(self.share, 4),
+                "missing": self.missing}
 
 
 def core_aten_ops() -> list[str]:
@@ -162,7 +164,9 @@ def functional_ops() -> list[str]:
 
 
 def _is_loss(name: str) -> bool:
-    return name.endswith("_loss") or name in {"cross_entropy", "binary_cross_entropy", "binary_cross_entropy_with_logits", "kl_div", "linear_cross_entropy"}
+    return (name.endswith("_loss")
+            or name in {"cross_entropy", "binary_cross_entropy", "binary_cross_entropy_with_logits", "kl_div",
+                        "linear_cross_entropy"})
 
 
 def registry_coverage(registry: Registry) -> list[OpSet]:

@@ -83,7 +83,8 @@ def split_spec(spec: str) -> tuple[str, str]:
     ``build_model``.
     """
     location, sep, attribute = spec.rpartition(":")
-    if not sep or not attribute or (len(location) == 1 and location.isalpha()) or "/" in attribute or "\\" in attribute or attribute.endswith(".py"):
+    if (not sep or not attribute or (len(location) == 1 and location.isalpha()) or "/" in attribute or "\\" in attribute
+        or attribute.endswith(".py")):
         return spec, ""
     return location, attribute
 
@@ -168,7 +169,8 @@ def check_spec(spec: str) -> tuple[str, str]:
     imported (a folder, a file that does not exist, an attribute that is no Python name)."""
     location, attribute = split_spec(spec)
     if Path(location).is_dir():
-        raise LoadError(f"{location} is a folder; give a Python file or module and its factory, e.g. {location.rstrip('/')}/model.py:build_model")
+        raise LoadError(f"{location} is a folder; give a Python file or module and its factory, e.g. "
+                        f"{location.rstrip('/')}/model.py:build_model")
     if is_path_spec(location) and not Path(location).is_file():
         raise LoadError(f"no such file: {location}")
     attribute = attribute or "build_model"
@@ -295,7 +297,8 @@ def make_inputs(shapes: Sequence[str], dtype: str = "float32", device: str = "cp
         try:
             shape = parse_shape(text)
         except ValueError:
-            raise LoadError(f"invalid --input-shape {text!r}; expected comma-separated positive integers like 2,96,7") from None
+            raise LoadError(f"invalid --input-shape {text!r}; expected comma-separated positive integers "
+                            "like 2,96,7") from None
         if torch_dtype.is_floating_point:
             tensors.append(torch.randn(shape, dtype=torch_dtype, device=device))
         else:

@@ -50,7 +50,8 @@ def _first_tensor_inputs(batch: Any) -> tuple:
         return (batch,)
     if isinstance(batch, (tuple, list)) and batch and isinstance(batch[0], torch.Tensor):
         return (batch[0],)
-    raise TypeError(f"cannot tell the model's inputs in a {type(batch).__name__} batch: give to_inputs=callable(batch) -> tuple")
+    raise TypeError(f"cannot tell the model's inputs in a {type(batch).__name__} batch: give to_inputs=callable(batch) "
+                    "-> tuple")
 
 
 class _Adapter:
@@ -110,7 +111,8 @@ def _trainer_callback() -> type:
             self.trainer = trainer
             return self
 
-        def on_train_begin(self, args: Any, state: Any, control: Any, model: Any = None, train_dataloader: Any = None, **kwargs: Any) -> None:
+        def on_train_begin(self, args: Any, state: Any, control: Any, model: Any = None, train_dataloader: Any = None,
+                           **kwargs: Any) -> None:
             if self.to_inputs is None:
                 self.to_inputs = lambda batch: (batch[model.main_input_name],)
             dtype = torch.float16 if args.fp16 else torch.bfloat16 if args.bf16 else None

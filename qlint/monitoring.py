@@ -30,9 +30,10 @@ from typing import Any, Callable, Optional, Sequence
 import torch
 
 from qlint.analysis import Options, run
-from qlint.core.blocks import Block as ResidualBlock
+from qlint.core.blocks import StreamBlock
 from qlint.core.errors import QlintError
-from qlint.core.trace import TraceFailure, shares_parameters
+from qlint.core.graph_check import shares_parameters
+from qlint.core.trace import TraceFailure
 from qlint.probe import bounds as probe_bounds
 from qlint.probe.measure import Trajectory, VelocityField
 
@@ -127,7 +128,7 @@ class StreamMonitor:
         self.steps = 0
         self.warning: Optional[str] = None  # the overflow warning, once given
         self.batch = self._as_inputs(example_inputs) if example_inputs is not None else None
-        self._graphs: dict[tuple, tuple[Any, list[ResidualBlock]]] = {}
+        self._graphs: dict[tuple, tuple[Any, list[StreamBlock]]] = {}
         if self.batch is not None:
             self._graph_for(self.batch)  # find the blocks now: a model qlint cannot trace fails here, not mid-training
 
@@ -137,7 +138,7 @@ class StreamMonitor:
     def _as_inputs(batch: Any) -> tuple:
         return tuple(batch) if isinstance(batch, (tuple, list)) else (batch,)
 
-    def _graph_for(self, inputs: tuple) -> tuple[Any, list[ResidualBlock]]:
+    def _graph_for(self, inputs: tuple) -> tuple[Any, list[StreamBlock]]:
         """The traced graph and residual blocks for inputs of this signature, analysed once.
 
         A traced graph is specialised on its input shapes, so a batch of another shape
@@ -147,7 +148,8 @@ class StreamMonitor:
         if key not in self._graphs:
             name = type(self.model).__name__
             try:
-                with torch.random.fork_rng(devices=_cuda_devices(inputs)):  # tracing runs the model: keep training's random stream
+                # tracing runs the model: keep training's random stream
+                with torch.random.fork_rng(devices=_cuda_devices(inputs)):
                     analysis = run(self.model, inputs, spec=name, options=Options(mode="eval"))
             except TraceFailure as exc:
                 raise MonitorError(f"qlint.monitor cannot trace {name}, so it has no blocks to measure: {exc}") from exc
@@ -155,7 +157,8 @@ class StreamMonitor:
             if not analysis.stream.blocks:
                 raise MonitorError(f"qlint found no residual blocks in {name}: nothing to monitor")
             if not shares_parameters(module, self.model):
-                raise MonitorError(f"the traced graph of {name} holds copies of its parameters, so it would not see training: "
+                raise MonitorError(f"the traced graph of {name} holds copies of its parameters, so it would not see "
+                                   "training: "
                                    f"tracer {analysis.traced.tracer}")
             self._graphs[key] = (module, list(analysis.stream.blocks))
         return self._graphs[key]
@@ -189,7 +192,8 @@ class StreamMonitor:
         try:
             with torch.random.fork_rng(devices=_cuda_devices(inputs)), torch.no_grad():
                 self.model.eval()
-                with torch.autocast(inputs[0].device.type if isinstance(inputs[0], torch.Tensor) else "cpu", enabled=False):
+                with torch.autocast(inputs[0].device.type if isinstance(inputs[0], torch.Tensor) else "cpu",
+                                    enabled=False):
                     trajectory = Trajectory(module, inputs)
                     records = [self._record(VelocityField(trajectory, block), step) for block in blocks]
         finally:
@@ -211,10 +215,12 @@ class StreamMonitor:
             if not bool(torch.isfinite(norms).all()):  # an overflowed stream has no gain
                 gains[f"{s:g}"] = None
             elif bool(nonzero.any()):
-                gains[f"{s:g}"] = _finite_or_none(float((_row_norms(field_(s * stream))[nonzero] / (s * norms[nonzero])).max()))
+                gains[f"{s:g}"] = _finite_or_none(float((_row_norms(field_(s * stream))[nonzero]
+                                                         / (s * norms[nonzero])).max()))
             else:  # X_k = 0 in every window: nothing to divide by
                 gains[f"{s:g}"] = 0.0
-        return {"step": step, "block": field_.block.name, "stream_norm": _finite_or_none(float(norms.max())), "gain": gains}
+        return {"step": step, "block": field_.block.name, "stream_norm": _finite_or_none(float(norms.max())),
+                "gain": gains}
 
     def _maybe_warn(self, records: list[dict], step: int) -> None:
         """Warn once when the measured gains put the overflow of ``self.dtype`` inside the model's depth."""
@@ -224,11 +230,14 @@ class StreamMonitor:
         if depth is None:
             return
         worst = max(records, key=lambda r: max((g for g in r["gain"].values() if g is not None), default=math.inf))
-        gains = ", ".join(f"{g:.3g} at s={s}" if g is not None else f"non-finite at s={s}" for s, g in worst["gain"].items())
+        gains = ", ".join(f"{g:.3g} at s={s}" if g is not None else f"non-finite at s={s}"
+                          for s, g in worst["gain"].items())
         dtype = str(self.dtype).removeprefix("torch.")
-        self.warning = (f"qlint.monitor: at step {step} block {worst['block']} has gain {gains}: the stream would exceed "
+        self.warning = (f"qlint.monitor: at step {step} block {worst['block']} has gain {gains}: the stream would "
+                        "exceed "
                         f"the {dtype} maximum {torch.finfo(self.dtype).max:.5g} after k* = {depth} blocks, within the "
-                        f"model's {len(records)} (stream norm {records[0]['stream_norm'] or math.inf:.3g} at the first block)")
+                        f"model's {len(records)} (stream norm {records[0]['stream_norm'] or math.inf:.3g} at the first "
+                        "block)")
         warnings.warn(self.warning, RuntimeWarning, stacklevel=3)
 
     # --- the context manager ----------------------------------------------------------

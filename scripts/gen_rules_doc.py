@@ -31,7 +31,8 @@ def render() -> str:
     from qlint.lint.rule import rules as load_all
 
     rules = load_all()
-    index = "".join(f"| [{code}](#{_anchor(rules[code].doc())}) | {rules[code].name} | {rules[code].severity} |\n" for code in sorted(rules))
+    index = "".join(f"| [{code}](#{_anchor(rules[code].doc())}) | {rules[code].name} | {rules[code].severity} |\n"
+                    for code in sorted(rules))
     return HEADER + index + "\n" + "\n".join(rules[code].doc() for code in sorted(rules))
 
 

@@ -53,7 +53,8 @@ def _imports(tree: ast.AST, name: str, is_package: bool) -> set[str]:
     skip: set[int] = set()
     for node in ast.walk(tree):
         if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test):
-            skip |= {id(child) for child in ast.walk(node) if child is not node} - {id(child) for orelse in node.orelse for child in ast.walk(orelse)}
+            skip |= {id(child) for child in ast.walk(node)
+                     if child is not node} - {id(child) for orelse in node.orelse for child in ast.walk(orelse)}
     for node in ast.walk(tree):
         if id(node) in skip:
             continue
@@ -72,7 +73,8 @@ def _imports(tree: ast.AST, name: str, is_package: bool) -> set[str]:
 
 def graph(root: Path) -> nx.DiGraph:
     """Module -> module arrows between qlint's (and rules') own modules."""
-    files = [p for top in ("qlint", "rules") for p in sorted((root / top).rglob("*.py")) if "__pycache__" not in p.parts]
+    files = [p for top in ("qlint", "rules") for p in sorted((root / top).rglob("*.py"))
+             if "__pycache__" not in p.parts]
     modules = {module_name(root, p): p for p in files}
     g = nx.DiGraph()
     g.add_nodes_from(modules)
@@ -87,7 +89,8 @@ def graph(root: Path) -> nx.DiGraph:
     # `from qlint.x import y` where y is a submodule also names the package qlint.x: drop that arrow
     for name in list(g.nodes):
         for target in list(g.successors(name)):
-            if any(t.startswith(target + ".") for t in g.successors(name)) and not _names_package_attribute(modules[name], target):
+            if (any(t.startswith(target + ".") for t in g.successors(name))
+                and not _names_package_attribute(modules[name], target)):
                 g.remove_edge(name, target)
     return g
 
@@ -102,7 +105,8 @@ def _names_package_attribute(path: Path, package: str) -> bool:
     for node in ast.walk(tree):
         if isinstance(node, ast.ImportFrom) and node.module == package:
             for alias in node.names:
-                if not (base / Path(*package.split("."), alias.name + ".py")).exists() and not (base / Path(*package.split("."), alias.name)).is_dir():
+                if (not (base / Path(*package.split("."), alias.name + ".py")).exists()
+                    and not (base / Path(*package.split("."), alias.name)).is_dir()):
                     return True
         if isinstance(node, ast.Import) and any(alias.name == package for alias in node.names):
             return True

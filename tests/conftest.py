@@ -14,7 +14,7 @@ ROOT = Path(__file__).resolve().parents[1]
 FIXTURES = ROOT / "fixtures"
 
 # The result cache stays out of the checkout and out of tests that do not test it (the
-# CLI subprocesses inherit this); tests/test_cache.py turns it on in their own folders.
+# CLI subprocesses inherit this); tests/ci/test_cache.py turns it on in their own folders.
 os.environ["QLINT_NO_CACHE"] = "1"
 
 
@@ -87,3 +87,29 @@ def repo(tmp_path: Path, monkeypatch) -> Path:
     (tmp_path / "pkg" / "model.py").write_text("x\n" * 50)
     monkeypatch.chdir(tmp_path)
     return tmp_path
+
+
+# The bundled zoo fixtures (fixtures/<family>.py): every factory, for the zoo's and layer reuse's tests.
+FACTORIES = {
+    "mamba": ["native", "rmsnorm", "preln", "periln", "linear_growth", "build_model"],
+    "patchtst": ["free", "rmsnorm", "preln", "periln"],
+    "gpt2": ["build_model"],
+    "llama": ["with_norm", "without_norm", "swiglu_block_with_norm", "swiglu_block_without_norm"],
+    "hymba": ["build_model", "ssm_unnormed"],
+    "toy": ["poly_mlp", "sinh", "exp_unbounded", "unknown_op", "bounded_exp", "lipschitz_mlp"],
+}
+ALL_FACTORIES = [(f, n) for f, names in FACTORIES.items() for n in names]
+
+
+def load_fixture(family):
+    """Load fixtures/<family>.py by path, with its folder on sys.path, as qlint does."""
+    sys.path.insert(0, str(FIXTURES))
+    try:
+        module = load_module(FIXTURES / f"{family}.py", f"zoo_fixture_{family}")
+    finally:
+        sys.path.remove(str(FIXTURES))
+    return module
+
+
+def fixture(family, name):
+    return getattr(load_fixture(family), name)()

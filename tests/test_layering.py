@@ -154,3 +154,12 @@ def test_python_310_runs_the_torch_free_commands(tmp_path):
     (tmp_path / "pyproject.toml").write_text('[tool.qlint]\nslect = ["QL1"]\n')
     bad = subprocess.run([python, "-m", "qlint", "check", "m.py:f"], capture_output=True, text=True, env=env, cwd=tmp_path, timeout=120)
     assert bad.returncode == 2 and "did you mean 'select'" in bad.stderr, bad.stderr
+
+
+def test_no_line_in_the_package_is_over_120_characters():
+    """A line too wide to read beside another file hides its end; the whole package keeps to 120."""
+    limit = 120
+    offenders = [f"{path.relative_to(ROOT)}:{number} ({len(line)})"
+                 for path in sorted((ROOT / "qlint").rglob("*.py")) if "__pycache__" not in path.parts
+                 for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1) if len(line) > limit]
+    assert not offenders, f"{len(offenders)} line(s) over {limit} characters:\n" + "\n".join(offenders)

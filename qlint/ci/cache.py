@@ -109,7 +109,8 @@ def read_files() -> list[tuple[str, str]]:
     weight files beside the opened files, the source of every module loaded now and the
     ``sys.path`` folders (searched before the hook was installed, to import qlint)."""
     searched = {os.path.abspath(entry or ".") for entry in sys.path if os.path.isdir(entry or ".")}
-    found = {(MODULES if kind == FOLDER and _searched_by_imports(path, searched) else kind, path) for kind, path in _recorded}
+    found = {(MODULES if kind == FOLDER and _searched_by_imports(path, searched) else kind, path)
+             for kind, path in _recorded}
     found |= {(MODULES, folder) for folder in searched}
     for module in list(sys.modules.values()):
         file = getattr(module, "__file__", None)
@@ -259,7 +260,8 @@ class ResultCache:
         try:
             changed = next((state.path for state in entry["files"] if not state.unchanged(entry["written_at"])), None)
         except Exception as exc:  # noqa: BLE001
-            return self._miss(f"cache entry {name} ignored (its file states do not read: {type(exc).__name__}), analysing again")
+            return self._miss(f"cache entry {name} ignored (its file states do not read: {type(exc).__name__}), "
+                              "analysing again")
         if changed is not None:
             return self._miss(f"{changed} changed")
         self.hits += 1
@@ -313,7 +315,8 @@ class ResultCache:
         if not self.directory.exists():
             return 0
         if not self.is_ours() and not self._is_repairable():
-            raise CacheError(f"refusing to remove {self.directory}: it is not a qlint cache (no CACHEDIR.TAG written by qlint)")
+            raise CacheError(f"refusing to remove {self.directory}: it is not a qlint cache (no CACHEDIR.TAG written "
+                             "by qlint)")
         count = len(list((self.directory / "entries").glob("*.pickle")))
         shutil.rmtree(self.directory)
         return count
@@ -325,7 +328,8 @@ class ResultCache:
         """The folder, marked as a cache for git (``.gitignore``) and backup tools (``CACHEDIR.TAG``);
         False for an existing folder with other content (qlint writes no ``.gitignore`` there).
         A folder qlint made (only its own names in it) whose tag was damaged gets the tag back."""
-        if self.directory.exists() and not self.is_ours() and any(self.directory.iterdir()) and not self._is_repairable():
+        if (self.directory.exists() and not self.is_ours() and any(self.directory.iterdir())
+            and not self._is_repairable()):
             return False
         try:
             (self.directory / "entries").mkdir(parents=True, exist_ok=True)
@@ -360,7 +364,8 @@ class ResultCache:
                 return False
         entries = self.directory / "entries"
         try:
-            return not entries.exists() or (entries.is_dir() and all(p.name.endswith((".pickle", ".tmp")) for p in entries.iterdir()))
+            return (not entries.exists()
+                    or (entries.is_dir() and all(p.name.endswith((".pickle", ".tmp")) for p in entries.iterdir())))
         except OSError:
             return False
 

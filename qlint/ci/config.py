@@ -30,13 +30,13 @@ from pathlib import Path
 from typing import Any, Iterable, Mapping, Optional, Sequence
 
 from qlint.ci.cache import CACHE_DIR_NAME
+from qlint.ci.formats import OUTPUT_FORMATS  # the registered renderers' names (torch-free)
 from qlint.core.errors import QlintError
 from qlint.core.results import SEVERITY_RANK
 from qlint.core.toml import tomllib
 from qlint.loader import is_path_spec, join_spec, parse_shape, split_spec
 
 CONFIG_FILES = (".qlint.toml", "qlint.toml", "pyproject.toml")
-FORMATS = ("full", "concise", "json", "sarif", "github", "markdown", "junit", "gitlab")  # --output-format
 SEVERITIES = tuple(SEVERITY_RANK)  # info, warning, error
 MODES = ("train", "eval")
 TRACERS = ("symbolic_trace", "export", "make_fx")  # qlint.core.trace.TRACERS (which imports torch)
@@ -182,7 +182,8 @@ class Config:
             ("mode", self.cli.mode or self.mode or "the model's own"),
             ("tracer", self.cli.tracer or self.tracer or "symbolic_trace, then export, then make_fx"),
             ("device", self.cli.device or self.device or "the factory's"),
-            ("input-shapes", ", ".join(",".join(map(str, s)) for s in (self.cli.input_shapes or self.input_shapes or ())) or "none"),
+            ("input-shapes",
+             ", ".join(",".join(map(str, s)) for s in (self.cli.input_shapes or self.input_shapes or ())) or "none"),
             ("output-format", self.output_format),
             ("baseline", str(self.baseline) if self.baseline else "none"),
             ("per-block-ignores", ", ".join(f"{k} = {list(v)}" for k, v in self.per_block_ignores.items()) or "none"),
@@ -299,12 +300,13 @@ class Config:
             output_format=(
                 self.output_format
                 if output_format is None
-                else _choice(output_format, FORMATS, "--output-format")
+                else _choice(output_format, OUTPUT_FORMATS, "--output-format")
             ),
             baseline=self.baseline if baseline is None else Path(baseline),
             cli=cli,
             witness=self.witness if witness is None else bool(witness),
-            witness_budget=self.witness_budget if witness_budget is None else _seconds(witness_budget, "--witness-budget"),
+            witness_budget=self.witness_budget if witness_budget is None
+                       else _seconds(witness_budget, "--witness-budget"),
             use_cache=not (no_cache if no_cache is not None else _env_flag("QLINT_NO_CACHE")),
             cache_dir=Path(cache_dir or os.environ["QLINT_CACHE_DIR"]).resolve()
             if cache_dir or os.environ.get("QLINT_CACHE_DIR") else self.cache_dir,
@@ -376,7 +378,8 @@ def load_config(
     if config_path is not None:
         path = Path(config_path)
         if not path.is_file():
-            raise ConfigError(not_a_file(path) if path.is_symlink() or path.exists() else f"config file not found: {path}")
+            raise ConfigError(not_a_file(path) if path.is_symlink() or path.exists()
+                              else f"config file not found: {path}")
     elif not isolated:
         path = find_config_file(start)
 
@@ -451,7 +454,8 @@ def _absolute_paths(table: dict[str, Any], root: Path) -> dict[str, Any]:
         if not isinstance(value, str):
             return value
         target, attribute = split_spec(value)
-        return join_spec(str(root / target), attribute) if is_path_spec(target) and not Path(target).is_absolute() else value
+        return (join_spec(str(root / target), attribute) if is_path_spec(target) and not Path(target).is_absolute()
+                else value)
 
     out = dict(table)
     if isinstance(out.get("models"), list):
@@ -525,7 +529,7 @@ def parse_config(
     if "input-shapes" in table:
         cfg.input_shapes = _shapes(get("input-shapes"), key("input-shapes"))
     if "output-format" in table:
-        cfg.output_format = _choice(get("output-format"), FORMATS, key("output-format"))
+        cfg.output_format = _choice(get("output-format"), OUTPUT_FORMATS, key("output-format"))
     if "baseline" in table:
         cfg.baseline = root / _nonempty_str(get("baseline"), key("baseline"))
     if "cache-dir" in table:
@@ -659,7 +663,8 @@ def _selectors(value: Any, key: str, *, allow_empty: bool = True) -> tuple[str, 
             prefixes = sorted({code[:n] for code in codes for n in (3, 4, 5)})
             guess = difflib.get_close_matches(item, prefixes, n=1)
             hint = f"; did you mean '{guess[0]}'?" if guess else ""
-            raise ConfigError(f"{key}: rule selector '{item}' matches no rule{hint} (every code: `qlint explain --all`)")
+            raise ConfigError(f"{key}: rule selector '{item}' matches no rule{hint} "
+                              "(every code: `qlint explain --all`)")
         out.append(item)
     return tuple(out)
 

@@ -9,28 +9,31 @@
 * ``junit``: JUnit XML, one test case per block (and per model-level finding), for CI test reports;
 * ``gitlab``: a GitLab Code Quality report.
 
-``--statistics`` replaces the findings by a count per rule, like ruff.
-:func:`render` returns text for every format but ``full``; :func:`write_output`
-writes any format to a stream or a file. Nothing here imports torch.
+Each renderer registers itself with ``@output_format(name)``; :data:`OUTPUT_FORMATS`, the
+names config validation and the CLI accept, is read off that registry, so a new format is
+one decorated function here. ``--statistics`` replaces the findings by a count per rule,
+like ruff. :func:`render` returns text for every format but ``full``; :func:`write_output`
+writes any format to a stream or a file. Nothing here imports torch (nor
+:mod:`qlint.ci.config`, which imports this module for the names).
 """
 
 from __future__ import annotations
 
 import hashlib
+import inspect
 import json
 import os
 import sys
 from collections import Counter
+from dataclasses import dataclass
 from pathlib import Path
-from typing import IO, Any, Optional
+from typing import IO, Any, Callable, Optional
 from urllib.parse import quote
 
 from qlint._version import DISTRIBUTION, __version__
-from qlint.ci.config import FORMATS
 from qlint.ci.identity import finding_key, git_root, relative_path
 from qlint.core.algebra import format_q
 from qlint.core.results import Finding, ModelReport, Report, Source
-
 
 
 def _information_uri() -> str:
@@ -49,10 +52,61 @@ def _information_uri() -> str:
         pass
     return f"https://pypi.org/project/{DISTRIBUTION}/"
 
+
 SARIF_SCHEMA = "https://json.schemastore.org/sarif-2.1.0.json"
 SARIF_LEVEL = {"error": "error", "warning": "warning", "info": "note"}
 GITHUB_LEVEL = {"error": "error", "warning": "warning", "info": "notice"}
-SARIF_SUPPRESSION = {"noqa": "inSource", "per-block-ignores": "external", "per-model-ignores": "external"}  # baselined: baselineState instead
+# baselined findings get a baselineState instead
+SARIF_SUPPRESSION = {"noqa": "inSource", "per-block-ignores": "external", "per-model-ignores": "external"}
+
+
+# ---------------------------------------------------------------------------
+# the registry: one decorator per format
+# ---------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class OutputFormat:
+    """A renderer registered with :func:`output_format`.
+
+    ``options``: the keyword-only parameters the renderer takes (``summary`` for concise;
+    ``color``, ``width``, ``show_all_derivations`` for full); each renderer is given only
+    its own. ``writes_stream``: the renderer writes to the stream itself (the rich report
+    colours and wraps for the terminal it writes to) instead of returning text."""
+
+    name: str
+    renderer: Callable[..., Any]
+    writes_stream: bool = False
+    options: frozenset[str] = frozenset()
+
+    def own(self, options: dict[str, Any]) -> dict[str, Any]:
+        """The options this renderer takes, out of those given for every format."""
+        return {key: value for key, value in options.items() if key in self.options}
+
+
+_REGISTRY: dict[str, OutputFormat] = {}
+
+
+def output_format(name: str, *, writes_stream: bool = False) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    """Register the renderer of ``--output-format name``: ``(report, **options) -> str``, or with
+    ``writes_stream``, ``(report, stream, **options) -> None``. :data:`OUTPUT_FORMATS`, the
+    names config validation and the CLI accept, lists them in the order this module defines them."""
+
+    def register(renderer: Callable[..., Any]) -> Callable[..., Any]:
+        if name in _REGISTRY:
+            raise ValueError(f"output format {name!r} is registered twice")
+        parameters = inspect.signature(renderer).parameters.values()
+        options = frozenset(p.name for p in parameters if p.kind is inspect.Parameter.KEYWORD_ONLY)
+        _REGISTRY[name] = OutputFormat(name, renderer, writes_stream, options)
+        return renderer
+
+    return register
+
+
+def _registered(name: str) -> OutputFormat:
+    if name not in _REGISTRY:
+        raise ValueError(f"unknown output format {name!r} (expected one of: {', '.join(_REGISTRY)})")
+    return _REGISTRY[name]
 
 
 # ---------------------------------------------------------------------------
@@ -131,6 +185,21 @@ def render_statistics(report: Report, fmt: str = "full") -> str:
 
 
 # ---------------------------------------------------------------------------
+# full
+# ---------------------------------------------------------------------------
+
+
+@output_format("full", writes_stream=True)
+def render_full(report: Report, stream: IO[str], *, color: Optional[bool] = None, width: Optional[int] = None,
+                show_all_derivations: bool = False) -> None:
+    """The core's rich report (``qlint.ci.render``): coloured on a terminal, plain in a file or a log."""
+    from qlint.ci import render as full
+
+    full.print_report(report, full.make_console(stream, color=color, width=width),
+                      show_all_derivations=show_all_derivations)
+
+
+# ---------------------------------------------------------------------------
 # concise
 # ---------------------------------------------------------------------------
 
@@ -141,6 +210,7 @@ def _where(model: ModelReport, finding: Finding) -> str:
     return model.spec
 
 
+@output_format("concise")
 def render_concise(report: Report, *, summary: bool = True) -> str:
     lines = [f"failed: {_one_line(m.failure_line())}" for m in report.failures]
     lines += [f"{_where(m, f)}: {f.code} {_one_line(f.message)}" for m, f in _sorted_findings(report)]
@@ -150,167 +220,15 @@ def render_concise(report: Report, *, summary: bool = True) -> str:
 
 
 # ---------------------------------------------------------------------------
-# github
+# json
 # ---------------------------------------------------------------------------
 
 
-def escape_data(value: str) -> str:
-    """Escape a workflow command's message (as @actions/core does)."""
-    return value.replace("%", "%25").replace("\r", "%0D").replace("\n", "%0A")
-
-
-def escape_property(value: str) -> str:
-    """Escape a workflow command's property value."""
-    return escape_data(value).replace(":", "%3A").replace(",", "%2C")
-
-
-def render_github(report: Report) -> str:
-    root = git_root()
-    lines = [f"::error title=qlint::{escape_data(f'could not be analysed: {m.failure_line()}')}" for m in report.failures]
-    for model, finding in _sorted_findings(report):
-        props = []
-        message = finding.message
-        if finding.source is not None:
-            file = relative_path(finding.source.file, root) or finding.source.file
-            props += [f"file={escape_property(file)}", f"line={max(1, finding.source.line)}"]
-        else:
-            message = f"{model.spec}: {message}"
-        props.append(f"title={escape_property(finding.code)}")
-        level = GITHUB_LEVEL.get(finding.severity, "error")
-        lines.append(f"::{level} {','.join(props)}::{escape_data(message)}")
-    return "\n".join(lines) + ("\n" if lines else "")
-
-
-# ---------------------------------------------------------------------------
-# markdown
-# ---------------------------------------------------------------------------
-
-
-def _md(text: Any) -> str:
-    """A Markdown table cell: pipes escaped, newlines as <br>."""
-    return str(text).replace("\\", "\\\\").replace("|", "\\|").replace("\r", "").replace("\n", "<br>")
-
-
-VERDICT_ICON = {"certified": "✅", "supercritical": "❌", "uncertified": "⚠️", "failed": "💥"}
-
-
-def render_markdown(report: Report) -> str:
-    out = ["## qlint report", ""]
-    if not report.models:
-        out += ["No models were checked.", ""]
-        return "\n".join(out)
-    out += ["| Model | Verdict | max q | Blocks | Findings |", "| --- | --- | ---: | ---: | --- |"]
-    for model in report.models:
-        counts = Counter(f.severity for f in model.findings)
-        found = ", ".join(_plural(counts[s], s) for s in ("error", "warning", "info") if counts[s]) or "none"
-        if model.suppressed:
-            found += f" ({len(model.suppressed)} suppressed)"
-        if model.failure is not None:
-            found = _md(model.failure)
-        max_q = model.max_q
-        if max_q is None and model.blocks:
-            max_q_text = "?"
-        elif not model.blocks:
-            max_q_text = "–"
-        else:
-            max_q_text = format_q(max_q)
-        icon = VERDICT_ICON.get(model.verdict, "")
-        verdict = f"{model.verdict}, accepted" if model.suppressed and not model.findings and model.verdict != "certified" else model.verdict
-        out.append(
-            f"| `{_md(model.spec)}` | {icon} {verdict} | {max_q_text} | {len(model.blocks)} | {found} |"
-        )
-    out.append("")
-    rows = _sorted_findings(report)
-    if rows:
-        out += [
-            "### Findings",
-            "",
-            "| Code | Severity | Model | Block | Location | Message |",
-            "| --- | --- | --- | --- | --- | --- |",
-        ]
-        for model, f in rows:
-            location = f"`{_md(display_path(f.source.file))}:{f.source.line}`" if f.source else ""
-            block = f"`{_md(f.block)}`" if f.block else ""
-            out.append(
-                f"| {f.code} | {f.severity} | `{_md(model.spec)}` | {block} | {location} | {_md(f.message)} |"
-            )
-        out.append("")
-    out += [f"**{summary_line(report)}**", ""]
-    return "\n".join(out)
-
-
-# ---------------------------------------------------------------------------
-# JUnit XML and GitLab Code Quality
-# ---------------------------------------------------------------------------
-
-
-def fingerprints(found: list[tuple[ModelReport, Finding]], root: Path) -> list[str]:
-    """A stable, unique id per finding: the hash of its structural key (qlint.ci.identity)
-    and its occurrence number among equal keys (two identical findings stay two)."""
-    seen: Counter[str] = Counter()
-    out = []
-    for model, finding in found:
-        digest = hashlib.sha256("\0".join(finding_key(model, finding, root)).encode("utf-8")).hexdigest()[:32]
-        seen[digest] += 1
-        out.append(f"{digest}:{seen[digest]}")
-    return out
-
-
-def render_junit(report: Report) -> str:
-    """One <testsuite> per model; a <testcase> per block, failing with the block's findings;
-    model-level findings (no block) are a case of their own; a model qlint could not
-    analyse is one <error> case."""
-    from xml.etree import ElementTree as ET
-
-    suites = ET.Element("testsuites", name="qlint")
-    for model in report.models:
-        suite = ET.SubElement(suites, "testsuite", name=model.spec)
-        cases: dict[str, list[Finding]] = {b.name: [] for b in model.blocks}
-        for finding in model.findings:
-            cases.setdefault(finding.block or model.spec, []).append(finding)
-        if model.failure is not None:
-            error = ET.SubElement(ET.SubElement(suite, "testcase", name=model.spec, classname=model.spec), "error",
-                                  message="could not be analysed")
-            error.text = model.failure_line()
-        for name, findings in cases.items():
-            case = ET.SubElement(suite, "testcase", name=name, classname=model.spec)
-            for finding in findings:
-                where = f"{display_path(finding.source.file)}:{finding.source.line}: " if finding.source else ""
-                failure = ET.SubElement(case, "failure", message=f"{finding.code} {_one_line(finding.message)}", type=finding.severity)
-                failure.text = f"{where}{finding.code} {finding.message}"
-        failures = sum(1 for case in suite if case.find("failure") is not None)
-        suite.set("tests", str(len(suite)))
-        suite.set("failures", str(failures))
-        suite.set("errors", "1" if model.failure is not None else "0")
-    ET.indent(suites)
-    return '<?xml version="1.0" encoding="UTF-8"?>\n' + ET.tostring(suites, encoding="unicode") + "\n"
-
-
-GITLAB_SEVERITY = {"error": "major", "warning": "minor", "info": "info"}
-
-
-def render_gitlab(report: Report) -> str:
-    """GitLab's Code Quality report: a JSON array of issues with a stable fingerprint and a
-    path relative to the repository root (GitLab shows them in merge requests)."""
-    root = git_root()
-    issues = []
-    found = _sorted_findings(report)
-    for (model, finding), fingerprint in zip(found, fingerprints(found, root)):
-        file = finding.source.file if finding.source else _fallback_file(model.spec)
-        issues.append({
-            "type": "issue",
-            "check_name": finding.code,
-            "description": f"{finding.code} {_one_line(finding.message)}",
-            "severity": GITLAB_SEVERITY.get(finding.severity, "minor"),
-            "fingerprint": fingerprint,
-            "location": {"path": (relative_path(file, root) or file) if file else model.spec,
-                         "lines": {"begin": max(1, finding.source.line if finding.source else 1)}},
-        })
-    for model in report.failures:
-        issues.append({"type": "issue", "check_name": "qlint-failed", "description": f"could not be analysed: {model.failure_line()}",
-                       "severity": "blocker", "fingerprint": hashlib.sha256(model.spec.encode("utf-8")).hexdigest(),
-                       "location": {"path": model.spec, "lines": {"begin": 1}}})
-    return json.dumps(issues, indent=2, ensure_ascii=False) + "\n"
+@output_format("json")
+def render_json(report: Report) -> str:
+    """``Report.to_dict()``, the documented schema (with ``--statistics``, :func:`render_statistics`
+    writes the counts as JSON rows instead)."""
+    return json.dumps(report.to_dict(), indent=2, ensure_ascii=False) + "\n"
 
 
 # ---------------------------------------------------------------------------
@@ -410,7 +328,8 @@ def to_sarif(report: Report, root: Optional[Path] = None) -> dict[str, Any]:
                 {"id": i, **_physical_location(s.file, s.line, root)} for i, s in enumerate(finding.related)
             ]
         if finding.suppression in SARIF_SUPPRESSION:
-            result["suppressions"] = [{"kind": SARIF_SUPPRESSION[finding.suppression], "justification": finding.suppression}]
+            kind = SARIF_SUPPRESSION[finding.suppression]
+            result["suppressions"] = [{"kind": kind, "justification": finding.suppression}]
         if report.baseline is not None:
             result["baselineState"] = "unchanged" if finding.suppression == "baseline" else "new"
         results.append(result)
@@ -454,44 +373,201 @@ def _invocation(report: Report, root: Path) -> dict[str, Any]:
     return {"executionSuccessful": not report.failures, "toolExecutionNotifications": notifications}
 
 
+@output_format("sarif")
 def render_sarif(report: Report) -> str:
     return json.dumps(to_sarif(report), indent=2, ensure_ascii=False) + "\n"
+
+
+# ---------------------------------------------------------------------------
+# github
+# ---------------------------------------------------------------------------
+
+
+def escape_data(value: str) -> str:
+    """Escape a workflow command's message (as @actions/core does)."""
+    return value.replace("%", "%25").replace("\r", "%0D").replace("\n", "%0A")
+
+
+def escape_property(value: str) -> str:
+    """Escape a workflow command's property value."""
+    return escape_data(value).replace(":", "%3A").replace(",", "%2C")
+
+
+@output_format("github")
+def render_github(report: Report) -> str:
+    root = git_root()
+    lines = [f"::error title=qlint::{escape_data(f'could not be analysed: {m.failure_line()}')}"
+             for m in report.failures]
+    for model, finding in _sorted_findings(report):
+        props = []
+        message = finding.message
+        if finding.source is not None:
+            file = relative_path(finding.source.file, root) or finding.source.file
+            props += [f"file={escape_property(file)}", f"line={max(1, finding.source.line)}"]
+        else:
+            message = f"{model.spec}: {message}"
+        props.append(f"title={escape_property(finding.code)}")
+        level = GITHUB_LEVEL.get(finding.severity, "error")
+        lines.append(f"::{level} {','.join(props)}::{escape_data(message)}")
+    return "\n".join(lines) + ("\n" if lines else "")
+
+
+# ---------------------------------------------------------------------------
+# markdown
+# ---------------------------------------------------------------------------
+
+
+def _md(text: Any) -> str:
+    """A Markdown table cell: pipes escaped, newlines as <br>."""
+    return str(text).replace("\\", "\\\\").replace("|", "\\|").replace("\r", "").replace("\n", "<br>")
+
+
+VERDICT_ICON = {"certified": "✅", "supercritical": "❌", "uncertified": "⚠️", "failed": "💥"}
+
+
+@output_format("markdown")
+def render_markdown(report: Report) -> str:
+    out = ["## qlint report", ""]
+    if not report.models:
+        out += ["No models were checked.", ""]
+        return "\n".join(out)
+    out += ["| Model | Verdict | max q | Blocks | Findings |", "| --- | --- | ---: | ---: | --- |"]
+    for model in report.models:
+        counts = Counter(f.severity for f in model.findings)
+        found = ", ".join(_plural(counts[s], s) for s in ("error", "warning", "info") if counts[s]) or "none"
+        if model.suppressed:
+            found += f" ({len(model.suppressed)} suppressed)"
+        if model.failure is not None:
+            found = _md(model.failure)
+        max_q = model.max_q
+        if max_q is None and model.blocks:
+            max_q_text = "?"
+        elif not model.blocks:
+            max_q_text = "–"
+        else:
+            max_q_text = format_q(max_q)
+        icon = VERDICT_ICON.get(model.verdict, "")
+        accepted = model.suppressed and not model.findings and model.verdict != "certified"
+        verdict = f"{model.verdict}, accepted" if accepted else model.verdict
+        out.append(
+            f"| `{_md(model.spec)}` | {icon} {verdict} | {max_q_text} | {len(model.blocks)} | {found} |"
+        )
+    out.append("")
+    rows = _sorted_findings(report)
+    if rows:
+        out += [
+            "### Findings",
+            "",
+            "| Code | Severity | Model | Block | Location | Message |",
+            "| --- | --- | --- | --- | --- | --- |",
+        ]
+        for model, f in rows:
+            location = f"`{_md(display_path(f.source.file))}:{f.source.line}`" if f.source else ""
+            block = f"`{_md(f.block)}`" if f.block else ""
+            out.append(
+                f"| {f.code} | {f.severity} | `{_md(model.spec)}` | {block} | {location} | {_md(f.message)} |"
+            )
+        out.append("")
+    out += [f"**{summary_line(report)}**", ""]
+    return "\n".join(out)
+
+
+# ---------------------------------------------------------------------------
+# JUnit XML and GitLab Code Quality
+# ---------------------------------------------------------------------------
+
+
+def fingerprints(found: list[tuple[ModelReport, Finding]], root: Path) -> list[str]:
+    """A stable, unique id per finding: the hash of its structural key (qlint.ci.identity)
+    and its occurrence number among equal keys (two identical findings stay two)."""
+    seen: Counter[str] = Counter()
+    out = []
+    for model, finding in found:
+        digest = hashlib.sha256("\0".join(finding_key(model, finding, root)).encode("utf-8")).hexdigest()[:32]
+        seen[digest] += 1
+        out.append(f"{digest}:{seen[digest]}")
+    return out
+
+
+@output_format("junit")
+def render_junit(report: Report) -> str:
+    """One <testsuite> per model; a <testcase> per block, failing with the block's findings;
+    model-level findings (no block) are a case of their own; a model qlint could not
+    analyse is one <error> case."""
+    from xml.etree import ElementTree as ET
+
+    suites = ET.Element("testsuites", name="qlint")
+    for model in report.models:
+        suite = ET.SubElement(suites, "testsuite", name=model.spec)
+        cases: dict[str, list[Finding]] = {b.name: [] for b in model.blocks}
+        for finding in model.findings:
+            cases.setdefault(finding.block or model.spec, []).append(finding)
+        if model.failure is not None:
+            error = ET.SubElement(ET.SubElement(suite, "testcase", name=model.spec, classname=model.spec), "error",
+                                  message="could not be analysed")
+            error.text = model.failure_line()
+        for name, findings in cases.items():
+            case = ET.SubElement(suite, "testcase", name=name, classname=model.spec)
+            for finding in findings:
+                where = f"{display_path(finding.source.file)}:{finding.source.line}: " if finding.source else ""
+                failure = ET.SubElement(case, "failure", message=f"{finding.code} {_one_line(finding.message)}",
+                                        type=finding.severity)
+                failure.text = f"{where}{finding.code} {finding.message}"
+        failures = sum(1 for case in suite if case.find("failure") is not None)
+        suite.set("tests", str(len(suite)))
+        suite.set("failures", str(failures))
+        suite.set("errors", "1" if model.failure is not None else "0")
+    ET.indent(suites)
+    return '<?xml version="1.0" encoding="UTF-8"?>\n' + ET.tostring(suites, encoding="unicode") + "\n"
+
+
+GITLAB_SEVERITY = {"error": "major", "warning": "minor", "info": "info"}
+
+
+@output_format("gitlab")
+def render_gitlab(report: Report) -> str:
+    """GitLab's Code Quality report: a JSON array of issues with a stable fingerprint and a
+    path relative to the repository root (GitLab shows them in merge requests)."""
+    root = git_root()
+    issues = []
+    found = _sorted_findings(report)
+    for (model, finding), fingerprint in zip(found, fingerprints(found, root)):
+        file = finding.source.file if finding.source else _fallback_file(model.spec)
+        issues.append({
+            "type": "issue",
+            "check_name": finding.code,
+            "description": f"{finding.code} {_one_line(finding.message)}",
+            "severity": GITLAB_SEVERITY.get(finding.severity, "minor"),
+            "fingerprint": fingerprint,
+            "location": {"path": (relative_path(file, root) or file) if file else model.spec,
+                         "lines": {"begin": max(1, finding.source.line if finding.source else 1)}},
+        })
+    for model in report.failures:
+        issues.append({"type": "issue", "check_name": "qlint-failed",
+                       "description": f"could not be analysed: {model.failure_line()}", "severity": "blocker",
+                       "fingerprint": hashlib.sha256(model.spec.encode("utf-8")).hexdigest(),
+                       "location": {"path": model.spec, "lines": {"begin": 1}}})
+    return json.dumps(issues, indent=2, ensure_ascii=False) + "\n"
 
 
 # ---------------------------------------------------------------------------
 # entry points
 # ---------------------------------------------------------------------------
 
+# every renderer is defined above this line: the CLI and the configuration accept these names
+OUTPUT_FORMATS = tuple(_REGISTRY)  # --output-format, output-format in [tool.qlint], --output FORMAT:PATH
 
-def render(report: Report, fmt: str, *, statistics: bool = False, summary: bool = True) -> str:
-    """The report as text in a non-``full`` format (``statistics``: counts per code;
-    ``summary=False``: concise without its summary line, for ``-q``)."""
-    if fmt not in FORMATS:
-        raise ValueError(f"unknown output format {fmt!r} (expected one of: {', '.join(FORMATS)})")
+
+def render(report: Report, fmt: str, *, statistics: bool = False, **options: Any) -> str:
+    """The report as text in a format that returns text, every one but ``full`` (``statistics``:
+    counts per code; ``options`` a format does not take are ignored: ``summary=False`` makes
+    concise drop its summary line, for ``-q``)."""
+    chosen = _registered(fmt)
     if statistics:
         return render_statistics(report, fmt)
-    if fmt == "json":
-        return json.dumps(report.to_dict(), indent=2, ensure_ascii=False) + "\n"
-    if fmt == "concise":
-        return render_concise(report, summary=summary)
-    if fmt == "sarif":
-        return render_sarif(report)
-    if fmt == "github":
-        return render_github(report)
-    if fmt == "markdown":
-        return render_markdown(report)
-    if fmt == "junit":
-        return render_junit(report)
-    if fmt == "gitlab":
-        return render_gitlab(report)
-    raise ValueError("the 'full' format is rendered by qlint.ci.render (use write_output)")
-
-
-def _render_full(report: Report, stream: IO[str], *, color: Optional[bool], width: Optional[int] = None, **options: Any) -> None:
-    """The core's rich report (``qlint.ci.render``): coloured on a terminal, plain in a file or a log."""
-    from qlint.ci import render as full
-
-    full.print_report(report, full.make_console(stream, color=color, width=width), **options)
+    if chosen.writes_stream:
+        raise ValueError(f"the {fmt!r} format is rendered by qlint.ci.render (use write_output)")
+    return chosen.renderer(report, **chosen.own(options))
 
 
 def write_output(
@@ -506,8 +582,9 @@ def write_output(
 ) -> None:
     """Write the report in ``fmt`` to ``output_file`` (replaced whole: a temporary file renamed
     over it; a failure raises :class:`~qlint.ci.files.WriteError` naming the file and leaves the
-    old one) or ``stream`` (stdout). ``options`` go to the renderer: ``show_all_derivations`` and ``width`` (full),
-    ``summary`` (concise)."""
+    old one) or ``stream`` (stdout). ``options`` go to the renderer that takes them:
+    ``show_all_derivations`` and ``width`` (full), ``summary`` (concise)."""
+    chosen = _registered(fmt)
     if output_file is not None:  # rendered whole, then written whole (qlint.ci.files): never half a report
         from io import StringIO
 
@@ -518,8 +595,8 @@ def write_output(
         write_text(output_file, buffer.getvalue(), what=f"the {fmt} report")
         return
     stream = stream if stream is not None else sys.stdout
-    if fmt == "full" and not statistics:
-        _render_full(report, stream, color=color, **options)
+    if chosen.writes_stream and not statistics:
+        chosen.renderer(report, stream, **chosen.own({"color": color, **options}))
     else:
-        stream.write(render(report, fmt, statistics=statistics, summary=options.get("summary", True)))
+        stream.write(render(report, fmt, statistics=statistics, **options))
     stream.flush()

@@ -79,7 +79,8 @@ def shown_source(source: Optional[Source]) -> str:
 
 
 def block_table(model: ModelReport) -> Table:
-    table = Table(title=f"{model.spec}  [dim](tracer: {model.tracer}, mode: {model.mode})[/dim]", title_justify="left", expand=False)
+    table = Table(title=f"{model.spec}  [dim](tracer: {model.tracer}, mode: {model.mode})[/dim]", title_justify="left",
+                  expand=False)
     table.add_column("block")
     table.add_column("q", justify="right")
     table.add_column("status")
@@ -126,7 +127,8 @@ def remedies_text(block: Block) -> Text:
     for remedy in remedies:
         source = remedy["source"]
         where = f" @ {shown_source(Source(source['file'], source['line']))}" if source else ""
-        text.append(f"  remedy ({remedy['kind']}) → q = {format_q(remedy['q_after'])}, +{remedy['new_params']} params: ", style="bold")
+        text.append(f"  remedy ({remedy['kind']}) → q = {format_q(remedy['q_after'])}, "
+                    f"+{remedy['new_params']} params: ", style="bold")
         text.append(f"{remedy['sketch']}{where}\n")
         code = source_text(Source(source["file"], source["line"])) if source else ""
         text.append(f"      {remedy['target']}" + (f"  · {code}" if code else "") + "\n", style="dim")
@@ -161,7 +163,8 @@ def model_renderable(model: ModelReport, *, show_all_derivations: bool = False) 
             parts.append(derivation_text(block))
         if "remedies" in block.extra:
             first = remedies_shown.setdefault(_remedies_signature(block), block.name)
-            parts.append(remedies_text(block) if first == block.name else Text(f"remedies of {block.name}: same as {first}\n", style="dim"))
+            parts.append(remedies_text(block) if first == block.name
+                         else Text(f"remedies of {block.name}: same as {first}\n", style="dim"))
     for finding in model.findings:
         line = Text()
         line.append(f"{shown_source(finding.source) or model.spec}: ", style="bold")
@@ -175,9 +178,11 @@ def model_renderable(model: ModelReport, *, show_all_derivations: bool = False) 
     summary = model.verdict
     q = "?" if model.max_q is None and any(b.q is None for b in model.blocks) else format_q(model.max_q)
     share = f", share of q = 1 blocks {model.share_q1:.0%}" if model.share_q1 is not None else ""
-    hidden = f", {len(model.suppressed)} finding(s) suppressed ({', '.join(sorted({f.suppression or '' for f in model.suppressed}))})" if model.suppressed else ""
+    hidden = (f", {len(model.suppressed)} finding(s) suppressed "
+              f"({', '.join(sorted({f.suppression or '' for f in model.suppressed}))})" if model.suppressed else "")
     parts.append(
-        Text(f"{model.spec}: {summary}, max q = {q} over {len(model.blocks)} blocks{share}{hidden}\n", style=STATUS_STYLE.get(_status_of(summary), ""))
+        Text(f"{model.spec}: {summary}, max q = {q} over {len(model.blocks)} blocks{share}{hidden}\n",
+             style=STATUS_STYLE.get(_status_of(summary), ""))
     )
     return Group(*parts)
 
@@ -229,7 +234,8 @@ def print_report(report: Report, console: Optional[Console] = None, *, show_all_
     hidden = f", {len(report.suppressed)} suppressed" if report.suppressed else ""
     failed = f" {len(report.failures)} model(s) could not be analysed." if report.failures else ""
     if errors or warnings:
-        console.print(Text(f"Found {errors} error(s), {warnings} warning(s), {infos} info{hidden}.{failed}", style="bold red" if errors else "yellow"))
+        console.print(Text(f"Found {errors} error(s), {warnings} warning(s), {infos} info{hidden}.{failed}",
+                           style="bold red" if errors else "yellow"))
     elif report.failures:
         console.print(Text(f"No findings ({infos} info{hidden}).{failed}", style="bold red"))
     else:
@@ -243,4 +249,5 @@ def render_full(report: Report, *, show_all_derivations: bool = False, width: Op
     return buffer.getvalue()
 
 
-__all__ = ["DerivationStep", "block_table", "derivation_text", "fit_cells", "make_console", "print_report", "render_full"]
+__all__ = ["DerivationStep", "block_table", "derivation_text", "fit_cells", "make_console", "print_report",
+           "render_full"]

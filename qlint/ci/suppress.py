@@ -178,7 +178,8 @@ def apply_suppressions(models: list[ModelReport], config: Optional[Config] = Non
             hits = [
                 entry.directive for entry in looked.values()
                 if entry.directive.matches(finding.code)
-                and any(_key(s.file) == _key(entry.shown_file) and entry.directive.covers(s.line) for s in accepted_lines(finding))
+                and any(_key(s.file) == _key(entry.shown_file) and entry.directive.covers(s.line)
+                        for s in accepted_lines(finding))
             ]
             if hits:
                 for directive in hits:
@@ -205,7 +206,8 @@ def apply_suppressions(models: list[ModelReport], config: Optional[Config] = Non
         message = _unused_message(entry.directive, rules, config)
         if message is None or (file_key, row) in hinted or _code_matches(config.block_ignores(entry.block), "QL100"):
             continue
-        unused.setdefault(entry.owner, []).append(rules["QL100"].finding(entry.block, Source(entry.shown_file, row), **message))
+        unused.setdefault(entry.owner,
+                          []).append(rules["QL100"].finding(entry.block, Source(entry.shown_file, row), **message))
     for index, extra in unused.items():
         extra.sort(key=lambda f: (f.source.file, f.source.line) if f.source else ("", 0))
         results[index] = replace(results[index], findings=[*results[index].findings, *extra])
@@ -216,7 +218,8 @@ def _read_comments(model: ModelReport, index: int, looked: dict[tuple[str, int],
     """Record the noqa comments on the lines this model's analysis read (block adds, finding lines)."""
     lines: dict[str, dict[int, Optional[str]]] = {}
     shown: dict[str, str] = {}
-    places = [(b.source, b.name) for b in model.blocks] + [(s, f.block) for f in model.findings for s in accepted_lines(f)]
+    places = [(b.source, b.name)
+              for b in model.blocks] + [(s, f.block) for f in model.findings for s in accepted_lines(f)]
     for source, block in places:
         if source is not None:
             lines.setdefault(_key(source.file), {}).setdefault(source.line, block)

@@ -143,11 +143,13 @@ def serve() -> None:
             context, function, arguments = task
             _enter(context)
         except Exception as exc:  # noqa: BLE001  (a task this worker cannot take on: its failure, not a death)
-            send(("result", WorkerDied(f"the worker could not take the task: {type(exc).__name__}: {exc}".splitlines()[0])))
+            send(("result",
+                  WorkerDied(f"the worker could not take the task: {type(exc).__name__}: {exc}".splitlines()[0])))
             continue
         try:
             result: Any = function(*arguments)
-        except KeyboardInterrupt:  # raised by the model's code (a signal is ignored here): the run stops, as in one process
+        # raised by the model's code (a signal is ignored here): the run stops, as in one process
+        except KeyboardInterrupt:
             send(("interrupt", None))
             continue
         except SystemExit as exc:  # the task's own code should have turned it into its failure
@@ -157,7 +159,8 @@ def serve() -> None:
         try:
             send(("result", result))
         except Exception as exc:  # noqa: BLE001  (a result that does not pickle)
-            send(("result", WorkerDied(f"its result could not be sent back: {type(exc).__name__}: {exc}".splitlines()[0])))
+            send(("result",
+                  WorkerDied(f"its result could not be sent back: {type(exc).__name__}: {exc}".splitlines()[0])))
     sys.stderr.flush()
     os._exit(0)  # not waiting for threads the model's code may have left running
 
@@ -291,7 +294,8 @@ class Supervisor:
                     if interrupted:
                         raise KeyboardInterrupt
                     if not any(thread.is_alive() for thread in threads) and len(results) < len(tasks):
-                        raise QlintError("internal error: the worker supervisor stopped before every model was analysed")
+                        raise QlintError("internal error: the worker supervisor stopped before every model was "
+                                         "analysed")
             for thread in threads:
                 thread.join()
         finally:

@@ -71,7 +71,8 @@ class QlintGroup(click.Group):
     def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
         # A bare `qlint` (or `qlint --format json`) checks the models in [tool.qlint]; while
         # completing a word (resilient parsing) an empty line still offers the subcommands.
-        if (not args and not ctx.resilient_parsing) or (args and args[0].startswith("-") and args[0] not in ("--help", "-h", "--version")):
+        if ((not args and not ctx.resilient_parsing)
+                or (args and args[0].startswith("-") and args[0] not in ("--help", "-h", "--version"))):
             args = ["check", *args]
         return super().parse_args(ctx, args)
 

@@ -21,7 +21,7 @@ from typing import Any, Optional
 
 import click
 
-from qlint.ci.config import FORMATS
+from qlint.ci.formats import OUTPUT_FORMATS
 from qlint.cli import width_option
 from qlint.cli.failures import fail_cleanly
 
@@ -36,7 +36,7 @@ def _codes(values: tuple[str, ...]) -> Optional[list[str]]:
 
 @click.command("check")
 @click.argument("specs", nargs=-1, metavar="SPEC...")
-@click.option("--format", "--output-format", "output_format", type=click.Choice(FORMATS), default=None,
+@click.option("--format", "--output-format", "output_format", type=click.Choice(OUTPUT_FORMATS), default=None,
               envvar="QLINT_OUTPUT_FORMAT", show_envvar=True,
               help="Report format (default: full, or output-format in [tool.qlint]).")
 @click.option("-o", "--output-file", type=click.Path(dir_okay=False), default=None,
@@ -44,40 +44,53 @@ def _codes(values: tuple[str, ...]) -> Optional[list[str]]:
 @click.option("--output", "extra_outputs", multiple=True, metavar="FORMAT:PATH",
               help="Also write the report in FORMAT to PATH, e.g. sarif:qlint.sarif (repeatable).")
 @click.option("--statistics", is_flag=True, help="Print the number of findings per rule instead of the findings.")
-@click.option("--exit-zero", is_flag=True, help="Exit 0 even when findings fail the run (2 still means qlint could not run).")
+@click.option("--exit-zero", is_flag=True,
+              help="Exit 0 even when findings fail the run (2 still means qlint could not run).")
 @click.option("--fail-on", type=click.Choice(["error", "warning", "info"]), default=None,
               help="Lowest severity that makes the run fail (default: error).")
-@click.option("--select", multiple=True, metavar="CODES", help="Rule codes or prefixes to enable (comma-separated; replaces the selection).")
-@click.option("--extend-select", multiple=True, metavar="CODES", help="Rule codes or prefixes to enable on top of the selection.")
+@click.option("--select", multiple=True, metavar="CODES",
+              help="Rule codes or prefixes to enable (comma-separated; replaces the selection).")
+@click.option("--extend-select", multiple=True, metavar="CODES",
+              help="Rule codes or prefixes to enable on top of the selection.")
 @click.option("--ignore", multiple=True, metavar="CODES", help="Rule codes or prefixes to disable.")
 @click.option("--baseline", type=click.Path(dir_okay=False), default=None,
               help="Report only findings not recorded in this baseline file.")
 @click.option("--write-baseline", type=click.Path(dir_okay=False), default=None,
               help="Record the current findings in this baseline file and exit 0.")
-@click.option("--prune-baseline", is_flag=True, help="Drop the baseline's entries that match no finding (rewrites the baseline file).")
+@click.option("--prune-baseline", is_flag=True,
+              help="Drop the baseline's entries that match no finding (rewrites the baseline file).")
 @click.option("--config", "config_args", multiple=True, metavar="PATH | KEY=VALUE",
-              help="A config file to use instead of discovery, or an inline TOML override such as \"fail-on = 'warning'\".")
+              help="A config file to use instead of discovery, or an inline TOML override such as \"fail-on = "
+                   "'warning'\".")
 @click.option("--isolated", is_flag=True, help="Ignore every configuration file.")
 @click.option("--input-shape", "input_shapes", multiple=True, metavar="2,96,7",
               help="Shape of an example input, replacing the factory's example inputs (repeatable: one per input).")
 @click.option("--input-dtype", default=None, help="dtype of the --input-shape tensors (default: float32).")
-@click.option("--mode", type=click.Choice(["train", "eval"]), default=None, help="Analyse in this mode (default: the model's own).")
+@click.option("--mode", type=click.Choice(["train", "eval"]), default=None,
+              help="Analyse in this mode (default: the model's own).")
 @click.option("--tracer", type=click.Choice(["symbolic_trace", "export", "make_fx"]), default=None,
-              help="Use only this tracer; if it fails the model is not analysed (exit 2). Default: symbolic_trace, then export, then make_fx.")
+              help="Use only this tracer; if it fails the model is not analysed (exit 2). Default: symbolic_trace, "
+                   "then export, then make_fx.")
 @click.option("--device", default=None, help="Build and trace on this device, e.g. `meta` (no weights in memory).")
 @click.option("--threshold", type=float, default=None, help="Largest certified exponent q (default: 1.0).")
 @click.option("--show-derivation", is_flag=True, help="Print the derivation of every block, not only failing ones.")
-@click.option("--show-remedies", is_flag=True, help="Propose changes that certify each failing block, each re-checked (re-analyses per candidate).")
+@click.option("--show-remedies", is_flag=True,
+              help="Propose changes that certify each failing block, each re-checked (re-analyses per candidate).")
 @click.option("--color", type=click.Choice(["auto", "always", "never"]), default="auto",
-              help="Colour the full report: auto (a terminal, unless NO_COLOR is set; FORCE_COLOR forces it), always, never.")
+              help="Colour the full report: auto (a terminal, unless NO_COLOR is set; FORCE_COLOR forces it), always, "
+                   "never.")
 @width_option
 @click.option("-q", "--quiet", is_flag=True, help="Print the findings only: no tables, derivations or summary.")
-@click.option("-v", "--verbose", is_flag=True, help="Also print, for each model, the tracer used, the tracers tried and the graph check.")
-@click.option("--show-settings", is_flag=True, help="Print the effective settings (config file, models, enabled rules) and exit.")
-@click.option("--add-noqa", is_flag=True, help="Append `# qlint: noqa: CODES` to the line of every finding in this repository, and exit 0.")
+@click.option("-v", "--verbose", is_flag=True,
+              help="Also print, for each model, the tracer used, the tracers tried and the graph check.")
+@click.option("--show-settings", is_flag=True,
+              help="Print the effective settings (config file, models, enabled rules) and exit.")
+@click.option("--add-noqa", is_flag=True,
+              help="Append `# qlint: noqa: CODES` to the line of every finding in this repository, and exit 0.")
 @click.option("-j", "--jobs", type=click.IntRange(min=0), default=1, show_default=True,
               help="Analyse this many models at once, in worker processes (0: one per CPU).")
-@click.option("--no-cache", is_flag=True, default=None, help="Neither read nor write the result cache (also QLINT_NO_CACHE=1).")
+@click.option("--no-cache", is_flag=True, default=None,
+              help="Neither read nor write the result cache (also QLINT_NO_CACHE=1).")
 @click.option("--cache-dir", type=click.Path(file_okay=False), default=None,
               help="Keep the result cache here (default: .qlint_cache at the project root; also QLINT_CACHE_DIR).")
 @click.option("--no-witness", "no_witness", is_flag=True, default=None,
@@ -166,23 +179,28 @@ def command(
         elif config.baseline is not None:
             report = _apply_baseline(report, config.baseline, prune=prune_baseline)
         elif prune_baseline:
-            raise click.UsageError("--prune-baseline needs a baseline (--baseline PATH or baseline = ... in [tool.qlint])")
+            raise click.UsageError("--prune-baseline needs a baseline (--baseline PATH or baseline = ... in "
+                                   "[tool.qlint])")
         from qlint.ci.formats import summary_line, write_output
 
         options = {"color": _color(color), "quiet": quiet, "width": width}
-        if not (len(report.failures) == len(report.models) and config.output_format in ("full", "concise") and output_file is None):
-            _write(report, config.output_format, output_file, statistics, show_derivation, write_output, **options)  # else only the errors
+        if not (len(report.failures) == len(report.models) and config.output_format in ("full", "concise")
+                and output_file is None):
+            # else only the errors
+            _write(report, config.output_format, output_file, statistics, show_derivation, write_output, **options)
         for fmt, path in outputs:
             _write(report, fmt, path, statistics, show_derivation, write_output)
         if output_file is not None or (outputs and config.output_format != "full"):
-            written = ", ".join(f"{fmt} to {path}" for fmt, path in [(config.output_format, output_file), *outputs] if path)
+            written = ", ".join(f"{fmt} to {path}" for fmt, path in [(config.output_format, output_file), *outputs]
+                                if path)
             click.echo(f"qlint: {summary_line(report)} Wrote {written}.", err=True)
     failing = not exit_zero and write_baseline is None and any(config.fails(f.severity) for f in report.findings)
     if report.failures:
         for model in report.failures:
             click.echo(f"qlint: error: {model.failure_line()}", err=True)
         if write_baseline is not None:
-            click.echo(f"qlint: error: {write_baseline} not written: a baseline of a run where a model failed would drop its entries", err=True)
+            click.echo(f"qlint: error: {write_baseline} not written: a baseline of a run where a model failed would "
+                       "drop its entries", err=True)
         sys.exit(1 if failing else 2)  # findings that fail the run decide; else a model not analysed is exit 2
     if failing:
         sys.exit(1)
@@ -209,9 +227,10 @@ def _apply_baseline(report: Any, path: Path, *, prune: bool) -> Any:
 def parse_output(value: str) -> tuple[str, str]:
     """``"sarif:qlint.sarif"`` -> ``("sarif", "qlint.sarif")``; a usage error names the mistake."""
     fmt, sep, path = value.partition(":")
-    if not sep or not path or fmt not in FORMATS:
+    if not sep or not path or fmt not in OUTPUT_FORMATS:
         raise click.BadParameter(
-            f"expected FORMAT:PATH with FORMAT one of {', '.join(FORMATS)}, got {value!r}", param_hint="'--output'"
+            f"expected FORMAT:PATH with FORMAT one of {', '.join(OUTPUT_FORMATS)}, got {value!r}",
+            param_hint="'--output'",
         )
     return fmt, path
 
@@ -223,7 +242,8 @@ def _configure(specs: tuple[str, ...], config_args: tuple[str, ...], isolated: b
     inline = [a for a in config_args if _is_inline(a)]
     if len(files) > 1:
         raise click.UsageError("--config PATH may be given once (inline KEY = VALUE overrides may repeat)")
-    config = configure(list(specs) or None, config=files[0] if files else None, isolated=isolated, overrides=inline, **flags)
+    config = configure(list(specs) or None, config=files[0] if files else None, isolated=isolated, overrides=inline,
+                       **flags)
     if not config.models:
         raise click.UsageError(
             "give at least one SPEC, e.g. `qlint fixtures/mamba.py:native`, "
@@ -278,11 +298,13 @@ def _analyse(config: Any, *, remedies: bool, show_traceback: bool, verbose: bool
     if show_traceback:  # a rule that crashed is a finding; its traceback is kept in the model's extra
         for model in report.models:
             for error in model.extra.get("internal_errors", []):
-                click.echo(f"qlint: {model.spec}: {error['code']}: {error['message']}\n{error['traceback']}", err=True, nl=False)
+                click.echo(f"qlint: {model.spec}: {error['code']}: {error['message']}\n{error['traceback']}", err=True,
+                           nl=False)
     return report
 
 
-def _write(report: Any, fmt: str, output_file: Optional[str], statistics: bool, show_derivation: bool, write_output: Any,
+def _write(report: Any, fmt: str, output_file: Optional[str], statistics: bool, show_derivation: bool,
+           write_output: Any,
            *, color: Optional[bool] = None, quiet: bool = False, width: Optional[int] = None) -> None:
     if quiet and fmt in ("full", "concise") and not statistics:
         fmt, options = "concise", {"summary": False}

@@ -27,9 +27,11 @@ STATUS_STYLE = {"known": "green", "declared": "cyan", "unknown": "yellow"}
 @click.option("--input-shape", "input_shapes", multiple=True, metavar="2,96,7",
               help="Shape of an example input, replacing the factory's example inputs (repeatable: one per input).")
 @click.option("--input-dtype", default=None, help="dtype of the --input-shape tensors (default: float32).")
-@click.option("--mode", type=click.Choice(["train", "eval"]), default=None, help="Analyse in this mode (default: the model's own).")
+@click.option("--mode", type=click.Choice(["train", "eval"]), default=None,
+              help="Analyse in this mode (default: the model's own).")
 @click.option("--tracer", type=click.Choice(["symbolic_trace", "export", "make_fx"]), default=None,
-              help="Use only this tracer; if it fails the model is not analysed (exit 2). Default: symbolic_trace, then export, then make_fx.")
+              help="Use only this tracer; if it fails the model is not analysed (exit 2). Default: symbolic_trace, "
+                   "then export, then make_fx.")
 @click.option("--device", default=None, help="Build and trace on this device, e.g. `meta` (no weights in memory).")
 @click.option("--isolated", is_flag=True, help="Ignore every configuration file ([tool.qlint.primitives] included).")
 @width_option
@@ -92,7 +94,8 @@ def _print(coverages: list[Any], width: Optional[int]) -> None:
         for use in coverage.ops:
             detail = ", ".join(use.blocks) if use.blocking else "; ".join(use.entries)
             status = f"{use.status} (in blocks)" if use.blocking else use.status
-            table.add_row(use.op, str(use.count), Text(status, style="bold red" if use.blocking else STATUS_STYLE[use.status]), detail)
+            table.add_row(use.op, str(use.count),
+                          Text(status, style="bold red" if use.blocking else STATUS_STYLE[use.status]), detail)
         console.print(fit_cells(table))
         unknown = [use for use in coverage.ops if use.status == "unknown"]
         console.print(

@@ -34,7 +34,8 @@ def fail_cleanly(show_traceback: bool = False) -> Iterator[None]:
         _fail(f"{exc.strerror or exc}: {exc.filename or ''}".rstrip(": "), show_traceback)
     except Exception as exc:
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
-        _fail(f"{type(exc).__name__}: {first}" + ("" if show_traceback else " (rerun with --traceback for details)"), show_traceback)
+        _fail(f"{type(exc).__name__}: {first}" + ("" if show_traceback else " (rerun with --traceback for details)"),
+              show_traceback)
 
 
 def _fail(message: str, show_traceback: bool) -> None:

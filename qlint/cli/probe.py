@@ -20,23 +20,35 @@ from qlint.cli.failures import fail_cleanly
 
 @click.command("probe")
 @click.argument("specs", nargs=-1, metavar="SPEC...")
-@click.option("--format", "--output-format", "output_format", type=click.Choice(["full", "json"]), default="full", show_default=True, help="Report format.")
+@click.option("--format", "--output-format", "output_format", type=click.Choice(["full", "json"]), default="full",
+              show_default=True, help="Report format.")
 @click.option("--seed", type=int, default=0, show_default=True, help="Seed of the random probe directions.")
-@click.option("--directions", type=click.IntRange(min=0), default=8, show_default=True, help="Random directions per block (plus the worst-case ones: constant, alternating, one-hot and equal rows, null spaces of the block's weights).")
+@click.option("--directions", type=click.IntRange(min=0), default=8, show_default=True,
+              help="Random directions per block (plus the worst-case ones: constant, alternating, one-hot and equal "
+                   "rows, null spaces of the block's weights).")
 @click.option("--tolerance", type=float, default=0.05, show_default=True, help="Absolute tolerance on exponents.")
-@click.option("--no-perturb", "no_perturb", is_flag=True, help="Measure the parameters as built only (skip the redrawn, negated and scaled-up settings).")
-@click.option("--iterations", type=click.IntRange(min=1), default=20, show_default=True, help="Power iterations for each Jacobian norm L_k.")
-@click.option("--threads", type=click.IntRange(min=0), default=0, help="torch intra-op threads (0: torch's default); 1 is fastest for small models on a busy machine.")
+@click.option("--no-perturb", "no_perturb", is_flag=True,
+              help="Measure the parameters as built only (skip the redrawn, negated and scaled-up settings).")
+@click.option("--iterations", type=click.IntRange(min=1), default=20, show_default=True,
+              help="Power iterations for each Jacobian norm L_k.")
+@click.option("--threads", type=click.IntRange(min=0), default=0,
+              help="torch intra-op threads (0: torch's default); 1 is fastest for small models on a busy machine.")
 @click.option("--input-shape", "input_shapes", multiple=True, metavar="2,96,7",
               help="Shape of an example input, replacing the factory's example inputs (repeatable: one per input).")
-@click.option("--input-dtype", default=None, help="dtype of the --input-shape tensors (default: float32; probed in float64).")
-@click.option("--mode", type=click.Choice(["train", "eval"]), default=None, help="Probe in this mode (default: the model's own).")
+@click.option("--input-dtype", default=None,
+              help="dtype of the --input-shape tensors (default: float32; probed in float64).")
+@click.option("--mode", type=click.Choice(["train", "eval"]), default=None,
+              help="Probe in this mode (default: the model's own).")
 @click.option("--tracer", type=click.Choice(["symbolic_trace", "export", "make_fx"]), default=None,
-              help="Use only this tracer; if it fails the model is not analysed (exit 2). Default: symbolic_trace, then export, then make_fx.")
+              help="Use only this tracer; if it fails the model is not analysed (exit 2). Default: symbolic_trace, "
+                   "then export, then make_fx.")
 @click.option("--device", default=None, help="Build and probe on this device (not `meta`: probing needs weights).")
-@click.option("--config", "config_file", type=click.Path(dir_okay=False), default=None, help="Use this config file instead of discovering pyproject.toml.")
+@click.option("--config", "config_file", type=click.Path(dir_okay=False), default=None,
+              help="Use this config file instead of discovering pyproject.toml.")
 @click.option("--isolated", is_flag=True, help="Ignore every configuration file.")
-@click.option("--loop", "loop", is_flag=True, help="Instead, iterate each weight-shared loop to its fixed point: residuals, rho_spec(J_G), ||J_G||_2 (source 003).")
+@click.option("--loop", "loop", is_flag=True,
+              help="Instead, iterate each weight-shared loop to its fixed point: residuals, rho_spec(J_G), ||J_G||_2 "
+                   "(source 003).")
 @width_option
 @click.option("--traceback", "show_traceback", is_flag=True, help="Show the Python traceback of a failure.")
 def command(
@@ -88,13 +100,14 @@ def command(
             else:
                 print_loops(loops, make_console(width=width))
             sys.exit(0)
-        settings = ProbeSettings(seed=seed, random_directions=directions, tolerance=tolerance, power_iterations=iterations, perturb=not no_perturb)
+        settings = ProbeSettings(seed=seed, random_directions=directions, tolerance=tolerance,
+                                 power_iterations=iterations, perturb=not no_perturb)
         with _progress(enabled=output_format == "full" and sys.stderr.isatty()) as on_block:
             results = api.probe(list(specs) or None, settings=settings, on_block=on_block, **configured)
     if output_format == "json":
         click.echo(json.dumps(as_report(results).to_dict(), indent=2))
     else:
-        from qlint.probe.render import print_probe
+        from qlint.probe.report import print_probe
 
         print_probe(results, make_console(width=width))
     sys.exit(1 if any(result.unsound for result in results) else 0)

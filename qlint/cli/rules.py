@@ -25,7 +25,8 @@ def command(as_json: bool, table1: bool, width: Optional[int]) -> None:
     if as_json:
         rows = [{"id": p["id"], "primitive": p["name"], "q": str(p["q"]), "coefficient": p.get("coefficient", ""),
                  "table1": bool(p.get("table1")), "why": " ".join(p["why"].split()), "ops": list(p.get("ops", [])),
-                 "targets": list(p.get("targets", [])) + [f"module:{m}" for m in p.get("modules", [])], "source": p["source"]}
+                 "targets": list(p.get("targets", [])) + [f"module:{m}" for m in p.get("modules", [])],
+                 "source": p["source"]}
                 for p in primitives]
         click.echo(json.dumps(rows, indent=2))
         return
@@ -39,6 +40,7 @@ def command(as_json: bool, table1: bool, width: Optional[int]) -> None:
     table.add_column("coefficient c")
     table.add_column("justification")
     for p in primitives:
-        cells = (("★ " if p.get("table1") else "") + p["name"], str(p["q"]), p.get("coefficient", ""), " ".join(p["why"].split()))
+        cells = (("★ " if p.get("table1") else "") + p["name"], str(p["q"]), p.get("coefficient", ""),
+                 " ".join(p["why"].split()))
         table.add_row(*map(escape, cells))  # "[lo, hi]" is text, not rich markup
     make_console(width=width).print(fit_cells(table))

@@ -57,11 +57,14 @@ def command() -> None:
 @click.option("--device", type=click.Choice(("auto", "cpu", "cuda")), default="auto", show_default=True)
 @click.option("--lr", type=float, default=None, help="Adam learning rate (constant). Default: the scale's.")
 @click.option("--d-model", "d_model", type=int, default=None, help="Model width, both backbones. Default: the scale's.")
-@click.option("--batch-size", "batch_size", type=int, default=None, help="Training windows per step. Default: the scale's.")
+@click.option("--batch-size", "batch_size", type=int, default=None,
+              help="Training windows per step. Default: the scale's.")
 @click.option("--steps", type=int, default=None, help="Adam steps per run. Default: the scale's.")
 @click.option("--d-state", "d_state", type=int, default=None, help="Mamba's SSM state size. Default: the scale's (8).")
-@click.option("--revin/--no-revin", default=None, help="RevIN instance normalisation around the model. Default: the scale's (off).")
-@click.option("--loss", type=click.Choice(("mse", "l1")), default=None, help="Training loss (evaluation is MSE). Default: mse.")
+@click.option("--revin/--no-revin", default=None,
+              help="RevIN instance normalisation around the model. Default: the scale's (off).")
+@click.option("--loss", type=click.Choice(("mse", "l1")), default=None,
+              help="Training loss (evaluation is MSE). Default: mse.")
 @click.option("--amp", type=click.Choice(("fp32", "fp16", "bf16")), default=None,
               help="fp16: autocast fp16 with a GradScaler (overflows at 65504); bf16: autocast bf16. Default: fp32.")
 @click.option("--bf16", is_flag=True, help="Same as --amp bf16.")

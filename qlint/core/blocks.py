@@ -60,7 +60,7 @@ class Term:
 
 
 @dataclass
-class Block:
+class StreamBlock:
     """One residual update found in the graph."""
 
     join: fx.Node
@@ -77,7 +77,7 @@ class Block:
     post_node: Optional[fx.Node] = None  # the norm (or ReLU) after the join: LN(X + f(X))
     post_region: list[fx.Node] = field(default_factory=list)  # the nodes from the join (excluded) to that norm's output
     norm_in: Optional[fx.Node] = None  # the norm on the skip at the block's input: a LN(X) + f(LN(X)) (shifted Post-LN)
-    predecessors: list["Block"] = field(default_factory=list)
+    predecessors: list["StreamBlock"] = field(default_factory=list)
 
     @property
     def region_set(self) -> frozenset[fx.Node]:
@@ -90,7 +90,7 @@ class Block:
 
 
 @dataclass
-class Transition:
+class StreamTransition:
     """The stream ops between blocks: from the previous blocks' outputs to a block's input."""
 
     sources: list[fx.Node]  # the joins of the preceding blocks
@@ -99,10 +99,12 @@ class Transition:
     side: list[fx.Node] = field(default_factory=list)
     older: list[fx.Node] = field(default_factory=list)
     name: str = ""
-    after: list[Block] = field(default_factory=list)
-    before: Optional[Block] = None
-    kind: str = "between"  # "between" blocks; "stem": from the model's inputs; "head": to an output; "readout", "condition"
-    exits: list[fx.Node] = field(default_factory=list)  # the values that leave it (the target, unless a stretch has several)
+    after: list[StreamBlock] = field(default_factory=list)
+    before: Optional[StreamBlock] = None
+    # "between" blocks; "stem": from the model's inputs; "head": to an output; "readout", "condition"
+    kind: str = "between"
+    # the values that leave it (the target, unless a stretch has several)
+    exits: list[fx.Node] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         if not self.exits:
@@ -113,9 +115,9 @@ class Transition:
 class Stream:
     """The residual stream: blocks in execution order and the transitions between them."""
 
-    blocks: list[Block]
-    transitions: list[Transition]
-    nested: list[Block] = field(default_factory=list)
+    blocks: list[StreamBlock]
+    transitions: list[StreamTransition]
+    nested: list[StreamBlock] = field(default_factory=list)
 
 
 # --- joins ---------------------------------------------------------------------------------------
@@ -241,7 +243,8 @@ def _expand(node: fx.Node, graph: GraphFacts, scale: Optional[float], path: tupl
             # a factor that does not depend on the data (a learned scale, a carry): a scaled term
             if isinstance(a, fx.Node) and a in graph.data and not (isinstance(b, fx.Node) and b in graph.data):
                 return _expand(a, graph, None, path + ((node, "input"),))
-            if info.op == "mul" and isinstance(b, fx.Node) and b in graph.data and not (isinstance(a, fx.Node) and a in graph.data):
+            if (info.op == "mul" and isinstance(b, fx.Node) and b in graph.data
+                and not (isinstance(a, fx.Node) and a in graph.data)):
                 return _expand(b, graph, None, path + ((node, "other"),))
     return [Term(node, scale, path)]
 
@@ -260,7 +263,8 @@ def carried(node: fx.Node) -> fx.Node:
             if isinstance(source, fx.Node) and _same_values(node, source):
                 node = source
                 continue
-        if info is not None and info.op in ("mul", "div") and _number(_arg(node, "other")) == 1.0 and isinstance(_arg(node, "input"), fx.Node):
+        if (info is not None and info.op in ("mul", "div") and _number(_arg(node, "other")) == 1.0
+            and isinstance(_arg(node, "input"), fx.Node)):
             node = _arg(node, "input")
             continue
         return node
@@ -317,7 +321,7 @@ def find_stream(graph: GraphFacts, root_name: str = "model") -> Stream:
     return Stream(blocks=blocks, transitions=transitions, nested=nested)
 
 
-def _as_block(join: fx.Node, graph: GraphFacts) -> Optional[Block]:
+def _as_block(join: fx.Node, graph: GraphFacts) -> Optional[StreamBlock]:
     """The block rooted at this join, if one term carries X_k and another depends on it."""
     terms = join_terms(join, graph) if "qlint" in join.meta else None
     if not terms or len(terms) < 2:
@@ -350,10 +354,11 @@ def _as_block(join: fx.Node, graph: GraphFacts) -> Optional[Block]:
     if concatenated:
         if all(_derived(t.node, {stream}, graph, linear=False) for t in velocity):
             return None  # padding by copies or averages of X_k (Autoformer's edges): no branch computes anything
-        return Block(join=join, stream=stream, skip=skip, terms=velocity, form="scaled" if repeated else "additive")
+        return StreamBlock(join=join, stream=stream, skip=skip, terms=velocity,
+                           form="scaled" if repeated else "additive")
     exact = facts(join).op in _EXACT and skip.coefficient == 1.0 and not repeated and all(
         facts(node).op in _EXACT or facts(node).op in ("neg", "mul", "div") for node, _ in skip.path)
-    return Block(join=join, stream=stream, skip=skip, terms=velocity, form="additive" if exact else "scaled")
+    return StreamBlock(join=join, stream=stream, skip=skip, terms=velocity, form="additive" if exact else "scaled")
 
 
 def _centring(velocity: list[Term], stream: fx.Node, graph: GraphFacts) -> bool:
@@ -401,7 +406,7 @@ def _derived(node: fx.Node, sources: set[fx.Node], graph: GraphFacts, *, linear:
     return "averaged" if averaged else "moved"
 
 
-def _gated(join: fx.Node, terms: list[Term], graph: GraphFacts) -> Optional[Block]:
+def _gated(join: fx.Node, terms: list[Term], graph: GraphFacts) -> Optional[StreamBlock]:
     """A gated skip g(x) * x + f(x) (highway networks): a term that is a product with X_k as
     a direct factor, every other term computed from X_k. The join is a stream map F(X_k),
     analysed in the scaled form (q <= max(1, q(F)))."""
@@ -418,11 +423,12 @@ def _gated(join: fx.Node, terms: list[Term], graph: GraphFacts) -> Optional[Bloc
                 continue
             others = [t for t in terms if t is not term]
             if others and all(graph.depends_on(t.node, stream) for t in others):
-                return Block(join=join, stream=stream, skip=Term(stream, None, ()), terms=list(terms), form="scaled")
+                return StreamBlock(join=join, stream=stream, skip=Term(stream, None, ()), terms=list(terms),
+                                   form="scaled")
     return None
 
 
-def _is_nested(block: Block, by_join: dict[fx.Node, Block], graph: GraphFacts) -> bool:
+def _is_nested(block: StreamBlock, by_join: dict[fx.Node, StreamBlock], graph: GraphFacts) -> bool:
     """Inside the velocity of another join that post-dominates it."""
     for outer in by_join.values():
         if outer is block:
@@ -433,7 +439,7 @@ def _is_nested(block: Block, by_join: dict[fx.Node, Block], graph: GraphFacts) -
     return False
 
 
-def _readout(block: Block, top: list[Block], graph: GraphFacts) -> bool:
+def _readout(block: StreamBlock, top: list[StreamBlock], graph: GraphFacts) -> bool:
     """A sum of values read off the stream at several depths, not an update of it.
 
     Autoformer's decoder adds the trends of its three decompositions, trend1 + trend2 +
@@ -463,7 +469,7 @@ def _constant_scale(node: fx.Node, graph: GraphFacts) -> bool:
     return dependent == [True, False] or (op == "mul" and dependent == [False, True])
 
 
-def _chain(blocks: list[Block], graph: GraphFacts) -> list[Transition]:
+def _chain(blocks: list[StreamBlock], graph: GraphFacts) -> list[StreamTransition]:
     """Link blocks along stream paths; make a transition wherever ops lie between them; classify
     every side input as a condition or an older stream value."""
     interiors: set[fx.Node] = set()
@@ -483,7 +489,7 @@ def _chain(blocks: list[Block], graph: GraphFacts) -> list[Transition]:
     def before(a: fx.Node, b: fx.Node) -> bool:  # a reaches b along a stream path (or is b)
         return a is b or (b in bits and a in index and bool((bits[b] >> index[a]) & 1))
 
-    transitions: list[Transition] = []
+    transitions: list[StreamTransition] = []
     for j, block in enumerate(blocks):
         if block.stream in interiors:
             continue
@@ -497,8 +503,10 @@ def _chain(blocks: list[Block], graph: GraphFacts) -> list[Transition]:
         for s in sources:
             mask |= 1 << index[s]
         target_bits = bits.get(block.stream, 0) | (1 << index[block.stream])
-        region = [n for n in graph.nodes if n in bits and n not in sources and (target_bits >> index[n]) & 1 and bits[n] & mask]
-        transitions.append(Transition(sources=sources, target=block.stream, region=region, after=direct, before=block))
+        region = [n for n in graph.nodes if n in bits and n not in sources and (target_bits >> index[n]) & 1
+                  and bits[n] & mask]
+        transitions.append(StreamTransition(sources=sources, target=block.stream, region=region, after=direct,
+                                            before=block))
     position = {id(b): i for i, b in enumerate(blocks)}
     chains: dict[int, set[int]] = {}
     for j, block in enumerate(blocks):
@@ -560,7 +568,8 @@ def stream_carrying(dag: "nx.DiGraph", streams: set[fx.Node]) -> set[fx.Node]:
     return ((downstream | upstream | streams) & reaching) - {SOURCE, SINK}
 
 
-def _stretches(blocks: list[Block], transitions: list[Transition], graph: GraphFacts) -> list[Transition]:
+def _stretches(blocks: list[StreamBlock], transitions: list[StreamTransition],
+               graph: GraphFacts) -> list[StreamTransition]:
     """Every stretch of the stream that no block and no transition between blocks covers becomes a
     transition of its own: the stem (from the model's inputs to the first block input, whatever
     the widths), a head (to an output), a readout (the stream read into a condition, a value that
@@ -588,21 +597,24 @@ def _stretches(blocks: list[Block], transitions: list[Transition], graph: GraphF
     loose = carrying - covered
     downstream = {n for n in carrying if any(graph.depends_on(n, s) for s in streams)}
     by_stream = {b.stream: b for b in blocks}
-    by_member: dict[fx.Node, Block] = {}
+    by_member: dict[fx.Node, StreamBlock] = {}
     for block in blocks:
         for node in block.region:
             by_member.setdefault(node, block)
     sinks = set(graph.sinks)
-    out: list[Transition] = []
+    out: list[StreamTransition] = []
     # what leads into a block input (a stem) and what only reads the stream (a head) are analysed
     # apart, though they may share values (RevIN's statistics normalise the input and rescale the output)
     leading_in = {n for n in loose if any(graph.is_ancestor(n, s) for s in streams)}
-    components = [c for part in (leading_in, loose - leading_in) for c in nx.weakly_connected_components(dag.subgraph(part))]
+    components = [c for part in (leading_in, loose - leading_in)
+                  for c in nx.weakly_connected_components(dag.subgraph(part))]
     for component in components:
         region = sorted(component, key=graph.order.__getitem__)
-        parents = sorted({p for n in region for p in graph.parents.get(n, ()) if p not in component}, key=graph.order.__getitem__)
+        parents = sorted({p for n in region for p in graph.parents.get(n, ()) if p not in component},
+                         key=graph.order.__getitem__)
         sources = [p for p in parents if p in carrying or p in graph.inputs]
-        exits = [n for n in region if n in sinks or any(c not in component and graph.reaches_output(c) for c in graph.children.get(n, ()))]
+        exits = [n for n in region if n in sinks
+                 or any(c not in component and graph.reaches_output(c) for c in graph.children.get(n, ()))]
         if not sources or not exits:
             continue
         before = next((by_stream[c] for n in exits for c in [n, *graph.children.get(n, ())] if c in by_stream), None)
@@ -611,7 +623,8 @@ def _stretches(blocks: list[Block], transitions: list[Transition], graph: GraphF
         kind = ("stem" if before is not None else "condition") if computed_from_inputs else \
             "head" if any(n in sinks for n in exits) else "between" if before is not None else "readout"
         target = before.stream if before is not None and before.stream in component else exits[-1]
-        out.append(Transition(sources=sources, target=target, region=region, after=after, before=before, kind=kind, exits=exits))
+        out.append(StreamTransition(sources=sources, target=target, region=region, after=after, before=before,
+                                    kind=kind, exits=exits))
     return out
 
 
@@ -624,7 +637,8 @@ def escapes(region: list[fx.Node], outputs: set[fx.Node], graph: GraphFacts) -> 
         c not in inside and graph.reaches_output(c) for c in graph.children.get(n, ())))]
 
 
-def _post(block: Block, graph: GraphFacts, claimed: set[fx.Node]) -> tuple[Post, Optional[fx.Node], list[fx.Node]]:
+def _post(block: StreamBlock, graph: GraphFacts,
+          claimed: set[fx.Node]) -> tuple[Post, Optional[fx.Node], list[fx.Node]]:
     """LN(X + f(X)) and relu(X + f(X)): the norm (a registry norm, or one written out and proved,
     through casts and its affine weight) or the ReLU that takes every use of the join, when it belongs
     to the block's own module (a model's final norm is not part of its last block) and no shifted
@@ -706,7 +720,8 @@ def _norm_after(join: fx.Node, graph: GraphFacts) -> Optional[tuple[fx.Node, lis
     if norm is None:
         return None
     output = norm
-    while len(users := graph.children.get(output, ())) == 1 and output in (carried(users[0]), _affine_input(users[0], graph)):
+    while (len(users := graph.children.get(output, ())) == 1
+           and output in (carried(users[0]), _affine_input(users[0], graph))):
         output = users[0]
     nodes = graph.region([join], output)
     inside = set(nodes)
@@ -715,7 +730,7 @@ def _norm_after(join: fx.Node, graph: GraphFacts) -> Optional[tuple[fx.Node, lis
     return norm, nodes
 
 
-def _shift_input_norms(candidates: list[Block], graph: GraphFacts) -> None:
+def _shift_input_norms(candidates: list[StreamBlock], graph: GraphFacts) -> None:
     """Post-LN with the norm moved to the next sublayer's input (MiniMax-01): ``h = LN(Y); a h + f(h)``.
 
     Stacked, ``h2 = LN(X'); X'' = a h2 + g(h2)`` is the Post-LN stream LN(a Z + f(Z)) re-bracketed: the
@@ -729,7 +744,7 @@ def _shift_input_norms(candidates: list[Block], graph: GraphFacts) -> None:
     ``ln_pre`` before Pre-LN blocks) and only a chain of two or more shifted blocks is read this way.
     """
     by_join = {b.join: b for b in candidates}
-    shifted: dict[fx.Node, tuple[Block, fx.Node, fx.Node]] = {}
+    shifted: dict[fx.Node, tuple[StreamBlock, fx.Node, fx.Node]] = {}
     for block in sorted(candidates, key=lambda b: graph.order[b.join]):
         found = _norm_below(block.stream, graph, _INPUT_NORMS)
         if found is None or not _owns(block.join, found[0]):
@@ -748,7 +763,7 @@ def _shift_input_norms(candidates: list[Block], graph: GraphFacts) -> None:
             block.stream, block.form, block.norm_in = source, "scaled", norm
 
 
-def _settle_top_level_norms(blocks: list[Block], transitions: list[Transition]) -> None:
+def _settle_top_level_norms(blocks: list[StreamBlock], transitions: list[StreamTransition]) -> None:
     """At the top level no module owns the norm, so ask the stream instead.
 
     In ``for layer: x = norm(x + f(x))`` each norm leads to the next block's X_k; after a
@@ -756,7 +771,7 @@ def _settle_top_level_norms(blocks: list[Block], transitions: list[Transition]) 
     is the model's head, not part of that block. A lone ``norm(x + f(x))`` stays Post-LN.
     """
     feeding = {n for t in transitions if t.before is not None for n in t.region} | {b.stream for b in blocks}
-    previous: Optional[Block] = None
+    previous: Optional[StreamBlock] = None
     for block in blocks:
         lone = block.post_node not in feeding and block.norm_in is None
         if block.post_region and not module_path(block.join) and lone:
@@ -768,7 +783,7 @@ def _settle_top_level_norms(blocks: list[Block], transitions: list[Transition]) 
 # --- names ---------------------------------------------------------------------------------------
 
 
-def _name(blocks: list[Block], root_name: str, graph: GraphFacts) -> None:
+def _name(blocks: list[StreamBlock], root_name: str, graph: GraphFacts) -> None:
     """Module path of the module whose forward performs the join; disambiguated by branch.
 
     A ``cat`` join written in the model's own forward (``torch.cat((blk(x, cls), x))``, an
@@ -793,7 +808,7 @@ def _name(blocks: list[Block], root_name: str, graph: GraphFacts) -> None:
                 block.name = f"{block.name}#{seen[block.name]}"
 
 
-def _velocity_scope(block: Block) -> str:
+def _velocity_scope(block: StreamBlock) -> str:
     """The deepest module path that every op of the velocity lies under ('' if none)."""
     paths = [module_path(n).split(".") for n in block.region if n is not block.join]
     common: list[str] = []
@@ -804,7 +819,7 @@ def _velocity_scope(block: Block) -> str:
     return ".".join(common)
 
 
-def _branches(block: Block, base: str, graph: GraphFacts) -> list[str]:
+def _branches(block: StreamBlock, base: str, graph: GraphFacts) -> list[str]:
     """The direct children of the block's module whose output is added: ``mlp`` for
     ``x + drop_path(ls(post_norm(mlp(pre_norm(x)))))``.
 
@@ -857,11 +872,12 @@ def _wrapper(nodes: list[fx.Node], graph: GraphFacts) -> bool:
     if all(passes(n) for n in nodes):
         return True
     computes = any(facts(n).primitive is None or facts(n).declared is not None or facts(n).family & {"layer", "matmul"}
-                   or facts(n).op in ("attention", "mha_functional", "mha_module", "recurrent", "embedding") for n in nodes)
+                   or facts(n).op in ("attention", "mha_functional", "mha_module", "recurrent", "embedding")
+                   for n in nodes)
     return not computes and any(normalises(n) for n in nodes)
 
 
-def _transition_name(transition: Transition) -> str:
+def _transition_name(transition: StreamTransition) -> str:
     paths = [module_path(n) for n in transition.region if module_path(n)]
     where = paths[0] if paths else ""
     before = transition.before.name if transition.before else "output"
@@ -869,4 +885,4 @@ def _transition_name(transition: Transition) -> str:
     return f"{after} -> {before}" + (f" ({where})" if where else "")
 
 
-__all__ = ["Block", "Stream", "Term", "Transition", "carried", "find_stream", "join_terms"]
+__all__ = ["StreamBlock", "Stream", "Term", "StreamTransition", "carried", "find_stream", "join_terms"]

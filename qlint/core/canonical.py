@@ -36,7 +36,8 @@ def simplify(module: fx.GraphModule) -> int:
     for node in list(module.graph.nodes):
         if "qlint" not in node.meta or node.op != "call_function":
             continue
-        replacement = _unmasked(node, replaced) if op_name(node) == "mul" else _mean(node, module.graph, replaced) if op_name(node) == "div" else None
+        replacement = (_unmasked(node, replaced) if op_name(node) == "mul" else _mean(node, module.graph, replaced)
+                       if op_name(node) == "div" else None)
         if replacement is not None:
             node.replace_all_uses_with(replacement)
             replaced[node] = replacement
@@ -51,7 +52,8 @@ def _unmasked(node: fx.Node, replaced: dict) -> Optional[fx.Node]:
     """x for ``x * ones`` whose result has x's shape."""
     a, b = _argument(node, "input", replaced), _argument(node, "other", replaced)
     for value, mask in ((a, b), (b, a)):
-        if isinstance(value, fx.Node) and _ones(mask) and shape_of(value) is not None and shape_of(value) == shape_of(node):
+        if (isinstance(value, fx.Node) and _ones(mask) and shape_of(value) is not None
+            and shape_of(value) == shape_of(node)):
             return value
     return None
 
@@ -71,22 +73,26 @@ def _mean(node: fx.Node, graph: fx.Graph, replaced: dict) -> Optional[fx.Node]:
     if not (isinstance(count, fx.Node) and op_name(count) == "sum"):
         return None
     summed, ones = _argument(total, "input", replaced), _argument(count, "input", replaced)
-    if not (isinstance(summed, fx.Node) and _ones(ones) and shape_of(ones) is not None and shape_of(ones) == shape_of(summed)):
+    if not (isinstance(summed, fx.Node) and _ones(ones) and shape_of(ones) is not None
+            and shape_of(ones) == shape_of(summed)):
         return None
     dims, keep = _argument(total, "dim"), _argument(total, "keepdim")
-    if keep is not True or _argument(count, "keepdim") is not True or _normalised(dims, summed) != _normalised(_argument(count, "dim"), ones):
+    if (keep is not True or _argument(count, "keepdim") is not True
+        or _normalised(dims, summed) != _normalised(_argument(count, "dim"), ones)):
         return None
     if _normalised(dims, summed) is None or shape_of(node) != shape_of(total):
         return None
     with graph.inserting_after(node):
-        mean = graph.call_function(torch.ops.aten.mean.dim, (summed, list(dims) if isinstance(dims, (list, tuple)) else [dims], True))
+        mean = graph.call_function(torch.ops.aten.mean.dim,
+                                   (summed, list(dims) if isinstance(dims, (list, tuple)) else [dims], True))
     mean.meta.update({k: v for k, v in node.meta.items() if k != "qlint"})
     return mean
 
 
 def _ones(value: Any) -> bool:
     """A tensor of ones, through plumbing (views, casts, copies)."""
-    while isinstance(value, fx.Node) and "qlint" in value.meta and facts(value).plumbing and op_name(value) not in _ONES:
+    while (isinstance(value, fx.Node) and "qlint" in value.meta and facts(value).plumbing
+           and op_name(value) not in _ONES):
         value = _argument(value, "input")
     if not isinstance(value, fx.Node) or "qlint" not in value.meta:
         return False

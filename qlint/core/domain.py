@@ -13,7 +13,7 @@ block input X_k, and any other input-derived value the block reads):
 
 Parameters are arbitrary reals here: training may move them anywhere, so no fact is
 ever read off their current values. Every transfer in this module is sound for all
-inputs and all parameter values; ``tests/test_domain.py`` checks each one numerically.
+inputs and all parameter values; ``tests/core/test_domain.py`` checks each one numerically.
 """
 
 from __future__ import annotations
@@ -252,11 +252,15 @@ def _open_product(a: Range, b: Range) -> tuple[bool, bool]:
     for c, r in ((a, b), (b, a)):
         if c.lo == c.hi and math.isfinite(c.lo) and c.lo != 0:
             k = c.lo
-            low, high = (r.lo, r.hi) if k > 0 else (r.hi, r.lo)  # the ends of r that give the product's low and high ends
+            # the ends of r that give the product's low and high ends
+            low, high = (r.lo, r.hi) if k > 0 else (r.hi, r.lo)
             open_low, open_high = (r.lo_open, r.hi_open) if k > 0 else (r.hi_open, r.lo_open)
-            return (open_low and _exact(k * low, k, low, operator.mul), open_high and _exact(k * high, k, high, operator.mul))
+            return (open_low and _exact(k * low, k, low, operator.mul),
+                    open_high and _exact(k * high, k, high, operator.mul))
     if a.nonneg and b.nonneg:
-        return False, ((a.hi_open and b.hi > 0) or (b.hi_open and a.hi > 0)) and _exact(a.hi * b.hi, a.hi, b.hi, operator.mul)
+        return (False,
+                ((a.hi_open and b.hi > 0) or (b.hi_open and a.hi > 0))
+                and _exact(a.hi * b.hi, a.hi, b.hi, operator.mul))
     return False, False
 
 

@@ -1,6 +1,6 @@
 """Analyse one traced graph: annotate, find the stream, propagate, certify.
 
-:func:`analyse` is the engine's whole data flow for one model. It takes the registry
+:func:`analyse_graph` is the engine's whole data flow for one model. It takes the registry
 as an argument (the engine never imports it) and returns an :class:`Analysis`: the
 graph facts, the whole-graph pass, the stream and, per block and transition, the
 propagated values and the result (q, status, derivation). Findings are not made
@@ -18,8 +18,7 @@ import torch
 import torch.fx as fx
 
 from qlint.core import algebra, canonical, relations
-from qlint.core.blocks import Block as StreamBlock
-from qlint.core.blocks import Stream, Transition as StreamTransition, dataflow, escapes, find_stream, stream_carrying
+from qlint.core.blocks import Stream, StreamBlock, StreamTransition, dataflow, escapes, find_stream, stream_carrying
 from qlint.core.domain import CONSTANT, Growth, point
 from qlint.core.graph import GraphFacts, annotate, facts, user_frames
 from qlint.core.propagate import GrowthProp, apply, joint, leading
@@ -64,8 +63,8 @@ class Analysis:
         raise KeyError(name)
 
 
-def analyse(model: torch.nn.Module, inputs: Optional[tuple], traced: TracedGraph, registry: Any, *, spec: str,
-            threshold: float = 1.0, assume_real: bool = True) -> Analysis:
+def analyse_graph(model: torch.nn.Module, inputs: Optional[tuple], traced: TracedGraph, registry: Any, *, spec: str,
+                  threshold: float = 1.0, assume_real: bool = True) -> Analysis:
     """The engine's pass over one traced model (block-independent facts are computed once)."""
     module = traced.module
     annotate(module, registry, model)
@@ -89,8 +88,10 @@ def analyse(model: torch.nn.Module, inputs: Optional[tuple], traced: TracedGraph
         envs[transition.name] = _transition_pass(transition, prop, base, graph)
     gaps = coverage_gaps(stream, graph, envs, threshold)
     gapped = {gap.part for gap in gaps}
-    blocks = [_block_result(b, velocities[b.name], envs[b.name], graph, threshold, b.name in gapped) for b in stream.blocks]
-    transitions = [_transition_result(i, t, envs[t.name], graph, threshold, t.name in gapped) for i, t in enumerate(stream.transitions)]
+    blocks = [_block_result(b, velocities[b.name], envs[b.name], graph, threshold, b.name in gapped)
+              for b in stream.blocks]
+    transitions = [_transition_result(i, t, envs[t.name], graph, threshold, t.name in gapped)
+                   for i, t in enumerate(stream.transitions)]
     report = ModelReport(spec=spec, tracer=traced.tracer, mode="train" if model.training else "eval", blocks=blocks,
                          threshold=threshold, transitions=transitions, uncovered=[gap.reason for gap in gaps])
     report.extra["graph_check"] = traced.graph_check
@@ -103,9 +104,11 @@ def analyse(model: torch.nn.Module, inputs: Optional[tuple], traced: TracedGraph
     if traced.specialised:
         report.extra["specialised"] = "the graph holds for the example's " + "; ".join(traced.specialised) + \
             ": the certificate is for those values"
-    if assume_real and any(n.op == "placeholder" and "val" not in n.meta and "tensor_meta" not in n.meta for n in graph.inputs):
+    if (assume_real
+        and any(n.op == "placeholder" and "val" not in n.meta and "tensor_meta" not in n.meta for n in graph.inputs)):
         report.extra["assumed"] = "input dtypes unknown (no example inputs): inputs taken as real"
-    return Analysis(model, inputs, traced, registry, graph, prop, base, stream, envs, report, threshold, velocities=velocities,
+    return Analysis(model, inputs, traced, registry, graph, prop, base, stream, envs, report, threshold,
+                    velocities=velocities,
                     gaps=gaps)
 
 
@@ -155,7 +158,8 @@ def _join_velocity(block: StreamBlock, env: dict, prop: GrowthProp) -> Growth:
         return Growth(q, culprit=join.culprit)
     if block.skip.path and block.skip.path[0][1] == "tensors":  # cat([X_k, g]): X_k's slot zeroed
         parts = facts(block.join).bound.arguments["tensors"]
-        zeroed = [ZERO if part is block.skip.node else env[part] if isinstance(part, fx.Node) else part for part in parts]
+        zeroed = [ZERO if part is block.skip.node else env[part] if isinstance(part, fx.Node) else part
+                  for part in parts]
         return joint(apply(block.join, facts(block.join), env, prop.training, overrides={"tensors": zeroed}))
     value: Any = ZERO
     for node, argument in reversed(block.skip.path):
@@ -189,7 +193,8 @@ def coverage_gaps(stream: Stream, graph: GraphFacts, envs: dict[str, Any], thres
     """
     gaps: list[Gap] = []
     if not stream.blocks:
-        return [Gap(None, "model", None, "no residual block was found: nothing on the path from input to output is certified")]
+        return [Gap(None, "model", None,
+                    "no residual block was found: nothing on the path from input to output is certified")]
     parts: list[tuple[str, Any, set]] = [("block", b, {b.join}) for b in stream.blocks]
     parts += [("transition", t, set(t.exits)) for t in stream.transitions]
     covered = set(graph.inputs)
@@ -199,13 +204,16 @@ def coverage_gaps(stream: Stream, graph: GraphFacts, envs: dict[str, Any], thres
             covered.update(part.sources)
     dag = dataflow(graph)
     for node in sorted(stream_carrying(dag, {b.stream for b in stream.blocks}) - covered, key=graph.order.__getitem__):
-        gaps.append(Gap(None, "model", node, f"`{node.name}`{_at(node)} is on the stream, and no block or transition computes it"))
+        gaps.append(Gap(None, "model", node,
+                        f"`{node.name}`{_at(node)} is on the stream, and no block or transition computes it"))
     for kind, part, outputs in parts:
         for value in escapes(part.region, outputs, graph):
             growth = joint(envs[part.name].get(value, CONSTANT))
             if growth.depends and not algebra.is_certified(growth.q, threshold):
-                gaps.append(Gap(part.name, kind, value, f"`{value.name}`{_at(value)} leaves {kind} `{part.name}` besides its output "
-                                f"and grows with q = {algebra.format_q(growth.q)} in its input: an update the analysis does not cover"))
+                gaps.append(Gap(part.name, kind, value,
+                                f"`{value.name}`{_at(value)} leaves {kind} `{part.name}` besides its output "
+                                f"and grows with q = {algebra.format_q(growth.q)} in its input: an update the analysis "
+                                "does not cover"))
     return gaps
 
 
@@ -225,7 +233,8 @@ def _status(q: Optional[float], threshold: float, uncovered: bool) -> str:
     return "ok"
 
 
-def _block_result(block: StreamBlock, velocity: Growth, env: dict, graph: GraphFacts, threshold: float, gapped: bool) -> Block:
+def _block_result(block: StreamBlock, velocity: Growth, env: dict, graph: GraphFacts, threshold: float,
+                  gapped: bool) -> Block:
     start = _velocity_output(block, env)
     derivation = derive(start, block.stream, env, graph, velocity.q if block.form == "additive" else None,
                         older=set(block.older))
@@ -342,12 +351,14 @@ def derive(start: fx.Node, stream: fx.Node, env: dict, graph: GraphFacts, final_
         if i == 0:
             if n in older:
                 steps.append(DerivationStep(node=n.name, primitive="older stream value X_j", q=1.0, source=source_of(n),
-                                            why="a component of the augmented state (X_k, X_j): a free variable like X_k"))
+                                            why="a component of the augmented state (X_k, X_j): a free variable like "
+                                                "X_k"))
             else:
                 steps.append(DerivationStep(node=n.name, primitive="block input X_k", q=1.0, source=source_of(n),
                                             why="the residual stream entering the block"))
             continue
-        steps.append(DerivationStep(node=n.name, primitive=primitive_name(n), q=qs[i], source=source_of(n), why=_why(n, env, graph)))
+        steps.append(DerivationStep(node=n.name, primitive=primitive_name(n), q=qs[i], source=source_of(n),
+                                    why=_why(n, env, graph)))
     return steps
 
 
@@ -407,4 +418,4 @@ def relative(path: str) -> str:
     return path if rel.startswith("..") else rel
 
 
-__all__ = ["Analysis", "analyse", "derive", "dominant_step", "primitive_name", "source_of", "velocity_of"]
+__all__ = ["Analysis", "analyse_graph", "derive", "dominant_step", "primitive_name", "source_of", "velocity_of"]

@@ -87,7 +87,8 @@ def _node_facts(node: fx.Node, module: fx.GraphModule, registry: Any, regions: d
     if submodule is not None:
         declaration = registry.declaration(type(submodule))
         if declaration is not None:
-            return NodeFacts(label=label, module=submodule, declared=declaration, declared_class=type(submodule).__name__,
+            return NodeFacts(label=label, module=submodule, declared=declaration,
+                             declared_class=type(submodule).__name__,
                              value_inputs=tuple(node.all_input_nodes), bound=bind(node, submodule))
         primitive = registry.lookup("call_module", type(submodule))
     else:
@@ -102,12 +103,14 @@ def _node_facts(node: fx.Node, module: fx.GraphModule, registry: Any, regions: d
     else:
         meta_output = primitive.meta_output
     value_inputs = () if meta_output else tuple(dict.fromkeys(n for name, value in bound.arguments.items()
-                                                              if name not in meta for n in Bound({name: value}, {}).nodes()))
+                                                              if name not in meta
+                                                              for n in Bound({name: value}, {}).nodes()))
     return NodeFacts(label=label, primitive=primitive, module=submodule, bound=bound, value_inputs=value_inputs,
                      meta_output=meta_output)
 
 
-def _declared_regions(nodes: list[fx.Node], registry: Any, classes: dict[str, type]) -> dict[fx.Node, tuple[Any, tuple, str]]:
+def _declared_regions(nodes: list[fx.Node], registry: Any,
+                      classes: dict[str, type]) -> dict[fx.Node, tuple[Any, tuple, str]]:
     """Opaque-leaf semantics where module boundaries vanish (torch.export inlines modules).
 
     The ops whose ``nn_module_stack`` holds a call of a declared class form its region;
@@ -137,7 +140,8 @@ def _declared_regions(nodes: list[fx.Node], registry: Any, classes: dict[str, ty
 
 
 _UNINITIALISED = frozenset({"empty", "empty_like", "new_empty", "empty_strided", "new_empty_strided", "empty_permuted"})
-_RANDOM = frozenset({"rand", "randn", "randint", "rand_like", "randn_like", "randint_like", "normal", "normal_", "bernoulli",
+_RANDOM = frozenset({"rand", "randn", "randint", "rand_like", "randn_like", "randint_like", "normal", "normal_",
+                     "bernoulli",
                      "bernoulli_", "multinomial", "randperm", "poisson", "uniform_", "exponential_", "geometric_",
                      "log_normal_", "cauchy_", "random_", "dropout", "alpha_dropout", "feature_alpha_dropout",
                      "native_dropout", "rrelu"})
@@ -154,7 +158,8 @@ def indeterminate(node: fx.Node) -> bool:
     memory (``torch.empty``). Evaluating it once says nothing about the next call."""
     target = node.target
     if isinstance(target, torch._ops.OpOverload):
-        return torch.Tag.nondeterministic_seeded in target.tags or target.overloadpacket.__name__ in _UNINITIALISED | _RANDOM
+        return (torch.Tag.nondeterministic_seeded in target.tags
+                or target.overloadpacket.__name__ in _UNINITIALISED | _RANDOM)
     name = target if isinstance(target, str) else getattr(target, "__name__", "")
     return name in _UNINITIALISED or name in _RANDOM
 
@@ -188,7 +193,8 @@ class GraphFacts:
             for parent in parents:
                 self.children[parent].append(node)
         output = next((n for n in reversed(self.nodes) if n.op == "output"), None)
-        self.sinks: list[fx.Node] = [n for n in (output.all_input_nodes if output is not None else []) if n in self.data]
+        self.sinks: list[fx.Node] = [n for n in (output.all_input_nodes if output is not None else [])
+                                     if n in self.data]
         self.variable_length = self._variable_length()
         self._index = {node: i for i, node in enumerate(n for n in self.nodes if n in self.data)}
         self._ancestors: Optional[dict[fx.Node, int]] = None
@@ -389,7 +395,8 @@ class GraphFacts:
         return current is later
 
 
-def run_cone(interpreter: fx.Interpreter, seeds: dict[fx.Node, Any], nodes: Iterable[fx.Node], base: Any) -> dict[fx.Node, Any]:
+def run_cone(interpreter: fx.Interpreter, seeds: dict[fx.Node, Any], nodes: Iterable[fx.Node],
+             base: Any) -> dict[fx.Node, Any]:
     """Seed some nodes, run the interpreter over ``nodes`` in order, return the new values.
 
     Every other node reads its value from ``base`` (a whole-graph pass), so only the
@@ -464,7 +471,8 @@ def dtype_of(node: Any) -> Optional[torch.dtype]:
     return getattr(value, "dtype", None) if value is not None else None
 
 
-__all__ = ["GraphFacts", "NodeFacts", "annotate", "dtype_of", "facts", "least_size", "run_cone", "shape_of", "sizes", "tensor_meta"]
+__all__ = ["GraphFacts", "NodeFacts", "annotate", "dtype_of", "facts", "least_size", "run_cone", "shape_of", "sizes",
+           "tensor_meta"]
 
 
 # --- where a node came from ----------------------------------------------------------------------
@@ -503,7 +511,8 @@ def user_frames(node: fx.Node) -> list[tuple[str, int, str]]:
     frames = []
     for match in _FRAME.finditer(trace):
         file = match.group("file")
-        if file.startswith(TORCH_DIR) or (file.startswith(_QLINT_DIR) and "/qlint/zoo/" not in file and "/qlint/verify/" not in file):
+        if (file.startswith(TORCH_DIR)
+            or (file.startswith(_QLINT_DIR) and "/qlint/zoo/" not in file and "/qlint/verify/" not in file)):
             continue
         frames.append((file, int(match.group("line")), match.group("func")))
     return frames

@@ -62,7 +62,8 @@ def _inline_once(module: fx.GraphModule) -> bool:
             taken = _inline(module, node, true_body, operands)
             other = _inline(module, node, false_body, operands)
             with module.graph.inserting_before(node):
-                outputs = [module.graph.call_function(torch.ops.aten.where.self, (pred, a, b)) for a, b in zip(taken, other)]
+                outputs = [module.graph.call_function(torch.ops.aten.where.self, (pred, a, b))
+                           for a, b in zip(taken, other)]
             _replace_outputs(module, node, outputs)
             changed = True
         elif name in _CALLS:
@@ -117,7 +118,8 @@ def _replace_outputs(module: fx.GraphModule, hop: fx.Node, outputs: list[Any]) -
     values = hop.meta.get("val")
     for i, output in enumerate(outputs):
         if isinstance(output, fx.Node) and "val" not in output.meta and isinstance(values, (tuple, list)):
-            output.meta.update({k: v for k, v in hop.meta.items() if k in ("stack_trace", "nn_module_stack")}, val=values[i])
+            output.meta.update({k: v for k, v in hop.meta.items() if k in ("stack_trace", "nn_module_stack")},
+                               val=values[i])
     for user in list(hop.users):
         user.replace_all_uses_with(outputs[user.args[1]])
         module.graph.erase_node(user)

@@ -46,7 +46,8 @@ def _positional(*names: str) -> inspect.Signature:
 
 
 OPERATOR_SIGNATURES[operator.pow] = OPERATOR_SIGNATURES[operator.ipow] = inspect.Signature(
-    [inspect.Parameter("input", inspect.Parameter.POSITIONAL_ONLY), inspect.Parameter("exponent", inspect.Parameter.POSITIONAL_ONLY)])
+    [inspect.Parameter("input", inspect.Parameter.POSITIONAL_ONLY),
+     inspect.Parameter("exponent", inspect.Parameter.POSITIONAL_ONLY)])
 for _op in (operator.add, operator.sub, operator.mul, operator.truediv, operator.floordiv,
             operator.mod, operator.matmul, operator.and_, operator.or_, operator.xor, operator.gt, operator.ge,
             operator.lt, operator.le, operator.eq, operator.ne, operator.iadd, operator.isub, operator.imul,
@@ -116,7 +117,8 @@ def signatures(node: fx.Node, module: Optional[torch.nn.Module] = None) -> tuple
     if cached is None:
         if node.op == "call_method":
             name = str(node.target)
-            dunder = {"__add__": operator.add, "__radd__": operator.add, "__sub__": operator.sub, "__mul__": operator.mul,
+            dunder = {"__add__": operator.add, "__radd__": operator.add, "__sub__": operator.sub,
+                      "__mul__": operator.mul,
                       "__rmul__": operator.mul, "__truediv__": operator.truediv, "__neg__": operator.neg,
                       "__pow__": operator.pow, "__matmul__": operator.matmul, "__getitem__": operator.getitem}
             cached = (OPERATOR_SIGNATURES[dunder[name]],) if name in dunder else _schema_signatures(name)
@@ -247,7 +249,9 @@ class Call:
         if isinstance(value, Growth):
             return value
         if isinstance(value, (list, tuple)):
-            return Growth(None, culprit=f"argument `{name}` of {self.label()} holds {len(value)} values where its rule reads one tensor")
+            return Growth(None,
+                          culprit=f"argument `{name}` of {self.label()} holds {len(value)} values where its rule reads "
+                                  "one tensor")
         return constant(value)
 
     def param(self, name: str, default: Any = None) -> Any:
@@ -366,7 +370,8 @@ def _short(value: Any) -> str:
 
 # --- naming ------------------------------------------------------------------------------
 
-_PUBLIC_NAMESPACES = {"nn": "torch.nn.functional", "VariableFunctions": "torch", "C": "torch", "special": "torch.special",
+_PUBLIC_NAMESPACES = {"nn": "torch.nn.functional", "VariableFunctions": "torch", "C": "torch",
+                      "special": "torch.special",
                       "linalg": "torch.linalg", "fft": "torch.fft"}
 
 

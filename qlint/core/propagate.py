@@ -24,8 +24,8 @@ import torch.fx as fx
 
 from qlint.core import algebra, domain, support
 from qlint.core.domain import ANY, CONSTANT, Growth, Range, point, unknown
-from qlint.core.graph import (GraphFacts, NodeFacts, dtype_of, facts, indeterminate, lifted_constant, run_cone, shape_of,
-                              size_term, tensor_meta)
+from qlint.core.graph import (GraphFacts, NodeFacts, dtype_of, facts, indeterminate, lifted_constant, run_cone,
+                              shape_of, size_term, tensor_meta)
 from qlint.core.ops import Call, op_name
 from qlint.core.relations import Normalisation, OwnMaxShift, OwnShiftRatio, OwnSumRatio
 
@@ -98,7 +98,8 @@ class GrowthProp(fx.Interpreter):
         sign = Range(lo=0.0 if r.nonneg else -math.inf, hi=0.0 if r.nonpos else math.inf, pos=r.pos, neg=r.neg)
         return Growth(1.0, depends=True, real=known.real, range=sign)
 
-    def propagate(self, seeds: dict[fx.Node, Value], nodes: Iterable[fx.Node], base: dict[fx.Node, Value]) -> dict[fx.Node, Value]:
+    def propagate(self, seeds: dict[fx.Node, Value], nodes: Iterable[fx.Node],
+                  base: dict[fx.Node, Value]) -> dict[fx.Node, Value]:
         return run_cone(self, seeds, nodes, base)
 
     # -- the one override ---------------------------------------------------------------------
@@ -129,7 +130,8 @@ class GrowthProp(fx.Interpreter):
             node = info.bound.arguments.get(argument)
             if self._bad_at_own_parameters(node, bad):
                 return unknown(f"{why}, and it is at the model's own parameter values (or the example's shape)")
-            if not (isinstance(node, fx.Node) and self.from_shapes(node)):  # 0 at some input shape only: no parameter hazard
+            # 0 at some input shape only: no parameter hazard
+            if not (isinstance(node, fx.Node) and self.from_shapes(node)):
                 self.hazards[n] = why
         if info.relation is not None:
             value = self._relation(info.relation, value)
@@ -143,7 +145,8 @@ class GrowthProp(fx.Interpreter):
         if not isinstance(value, Growth) or not value.depends or not value.known or value.q == 0:
             return value  # an unknown value stays unknown (a division by a fixed 0): support bounds only what is known
         if self._supports is None:
-            self._supports = support.find(self.graph_facts, lambda node: self.graph_facts.constant(node) if node in self._fixed() else None)
+            self._supports = support.find(
+                self.graph_facts, lambda node: self.graph_facts.constant(node) if node in self._fixed() else None)
         found = self._supports.get(n)
         if found is None or not found.bounded:
             return value
@@ -169,7 +172,8 @@ class GrowthProp(fx.Interpreter):
         input value, no parameter or buffer. Such a value is one number per input shape."""
         if n not in self._shape_only:
             info = facts(n) if "qlint" in n.meta else None
-            if n.op in ("placeholder", "get_attr", "output") or info is None or n in self.graph_facts.data or indeterminate(n):
+            if (n.op in ("placeholder", "get_attr", "output") or info is None or n in self.graph_facts.data
+                or indeterminate(n)):
                 self._shape_only[n] = False
             elif info.meta_output:
                 self._shape_only[n] = not any(p in self.graph_facts.variable_length for p in n.all_input_nodes)
@@ -203,7 +207,8 @@ class GrowthProp(fx.Interpreter):
         tensors = [t for t in (value if isinstance(value, (tuple, list)) else (value,)) if isinstance(t, torch.Tensor)]
         readable = value is not None and all(not t.is_meta for t in tensors)
         what = hazard or f"`{facts(n).label}`"
-        if readable and not all(bool(torch.isfinite(t).all()) for t in tensors if t.is_floating_point() or t.is_complex()):
+        if (readable
+            and not all(bool(torch.isfinite(t).all()) for t in tensors if t.is_floating_point() or t.is_complex())):
             return unknown(f"{what}: inf or NaN at the model's own parameter values")
         if not readable and (self.from_shapes(n) or self._drawn(n)) and hazard is not None:
             return unknown(f"{what}: a value of the input's shape or of a random draw that qlint cannot read")
@@ -225,12 +230,15 @@ class GrowthProp(fx.Interpreter):
         bound = facts(n).bound
         argument = bound.arguments.get("name") if bound is not None else None
         source = n.args[0] if n.args and isinstance(n.args[0], fx.Node) else None
-        if "val" in n.meta and not isinstance(n.meta["val"], (torch.Tensor, tuple, list)) and name in ("sym_size", "size", "sym_numel", "numel"):
+        if ("val" in n.meta and not isinstance(n.meta["val"], (torch.Tensor, tuple, list))
+            and name in ("sym_size", "size", "sym_numel", "numel")):
             return _length(n.meta["val"], exact=True)
         shape = shape_of(source) if source is not None else None
         exact = source is not None and "val" in source.meta
-        if name == "getattr" and argument == "shape" or name == "size" and (bound is None or bound.arguments.get("dim") is None):
-            return tuple(_length(t, exact) for t in shape) if shape is not None else Growth(0.0, depends=False, range=Range(lo=1.0))
+        if (name == "getattr" and argument == "shape" or name == "size"
+            and (bound is None or bound.arguments.get("dim") is None)):
+            return (tuple(_length(t, exact) for t in shape) if shape is not None
+                    else Growth(0.0, depends=False, range=Range(lo=1.0)))
         if name in ("size", "sym_size"):
             dim = bound.arguments.get("dim") if bound is not None else None
             if shape is not None and isinstance(dim, int) and -len(shape) <= dim < len(shape):
@@ -265,10 +273,12 @@ class GrowthProp(fx.Interpreter):
                     ok = not self._arbitrary(str(node.target))
                 elif node.op == "call_function" and "qlint" in node.meta and facts(node).meta_output:
                     # a size of the input (a dynamic export's sym_size): one number per shape, the example's here
-                    ok = self.graph_facts.example is not None and not any(p in self.graph_facts.variable_length for p in node.all_input_nodes)
+                    ok = (self.graph_facts.example is not None
+                          and not any(p in self.graph_facts.variable_length for p in node.all_input_nodes))
                 elif node.op == "call_function":
                     target = node.target
-                    ok = target is operator.getitem or (isinstance(target, torch._ops.OpOverload) and not indeterminate(node))
+                    ok = (target is operator.getitem
+                          or (isinstance(target, torch._ops.OpOverload) and not indeterminate(node)))
                     ok = ok and all(p in fixed for p in node.all_input_nodes)
                 else:
                     ok = False
@@ -324,12 +334,14 @@ class GrowthProp(fx.Interpreter):
         written = self.module.meta.get("qlint_written_buffers")
         if written and value.numel() and value.untyped_storage().data_ptr() in written and \
                 any("batch_norm" not in facts(user).family and not _writes_into(user, n) for user in n.users):
-            return unknown(f"the buffer `{n.target}` is written by the forward (running statistics) and read as a value: "
-                           "it holds what the input wrote")
+            return unknown(f"the buffer `{n.target}` is written by the forward (running statistics) and read as a "
+                           "value: it holds what the input wrote")
         if self._arbitrary(str(n.target)):
             return Growth(0.0, depends=False, real=not value.is_complex())
         # rsqrt(arange(8)) evaluated while tracing: inf
-        return _by_value(value) or Growth(None, depends=False, real=True, culprit=f"the tensor constant `{n.target}` holds inf or NaN (or cannot be read)")
+        return (_by_value(value)
+                or Growth(None, depends=False, real=True,
+                          culprit=f"the tensor constant `{n.target}` holds inf or NaN (or cannot be read)"))
 
     def _declared(self, info: NodeFacts, inputs: list[Value]) -> Growth:
         dependent = [joint(v) for v in inputs if joint(v).depends]
@@ -371,7 +383,8 @@ class GrowthProp(fx.Interpreter):
             value = leading(computed)
             if value.real is True:
                 r = value.range
-                return Growth(value.q, depends=value.depends, range=Range(lo=r.lo, hi=0.0, below=r.below), culprit=value.culprit)
+                return Growth(value.q, depends=value.depends, range=Range(lo=r.lo, hi=0.0, below=r.below),
+                              culprit=value.culprit)
         return computed
 
 
@@ -436,7 +449,8 @@ def apply(n: fx.Node, info: NodeFacts, env: Any, training: bool, overrides: Opti
     return run_transfer(n, info, env, training, overrides)[0]
 
 
-def run_transfer(n: fx.Node, info: NodeFacts, env: Any, training: bool, overrides: Optional[dict[str, Value]] = None) -> tuple[Value, Call]:
+def run_transfer(n: fx.Node, info: NodeFacts, env: Any, training: bool,
+                 overrides: Optional[dict[str, Value]] = None) -> tuple[Value, Call]:
     """:func:`apply`, with the :class:`Call` that records what the transfer read (the registry self-check)."""
     primitive = info.primitive
     bound = info.bound
@@ -452,10 +466,12 @@ def run_transfer(n: fx.Node, info: NodeFacts, env: Any, training: bool, override
     if mismatch is not None:
         return unknown(f"the rule for {call.label()} {mismatch}"), call
     value = _expanded(value, n, primitive)
-    reason = call.unread(primitive.meta_args, primitive.params if "*" not in primitive.params else frozenset(call.arguments))
+    reason = call.unread(primitive.meta_args,
+                         primitive.params if "*" not in primitive.params else frozenset(call.arguments))
     if reason is not None:
         return unknown(reason), call
-    poisoned = _unknown_argument(arguments, primitive.meta_args | frozenset(call.picked))  # selectors too: an unknown one may be NaN or of unknown length
+    # selectors too: an unknown one may be NaN or of unknown length
+    poisoned = _unknown_argument(arguments, primitive.meta_args | frozenset(call.picked))
     if poisoned is not None and joint(value).q is not None:
         return Growth(None, culprit=poisoned.culprit), call  # an unknown argument is never certified away
     if call.ignored_constants(primitive.meta_args):
@@ -482,7 +498,8 @@ def output_structure(node: fx.Node) -> Any:
     schema = getattr(node.target, "_schema", None)
     if schema is None:
         return None
-    kinds = tuple(ANY_LENGTH if str(r.type) in ("List[Tensor]", "Tensor[]") else TENSOR if "Tensor" in str(r.type) else SCALAR
+    kinds = tuple(ANY_LENGTH if str(r.type) in ("List[Tensor]", "Tensor[]") else TENSOR if "Tensor" in str(r.type)
+                  else SCALAR
                   for r in schema.returns)
     if not kinds:
         return None
@@ -546,7 +563,8 @@ def _count(expected: Any) -> str:
 def _expanded(value: Value, node: fx.Node, primitive: Any) -> Value:
     """One Growth standing for every output of a view-family op, as one per output."""
     expected = output_structure(node)
-    if isinstance(value, Growth) and isinstance(expected, tuple) and expected != (ANY_LENGTH,) and "view" in primitive.family:
+    if (isinstance(value, Growth) and isinstance(expected, tuple) and expected != (ANY_LENGTH,)
+        and "view" in primitive.family):
         return tuple(value for _ in expected)
     return value
 

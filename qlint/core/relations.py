@@ -194,7 +194,8 @@ def _squared(node: Any) -> Optional[fx.Node]:
         base = strip(_arg(node, "input"))
     elif op == "square":
         base = strip(_arg(node, "input"))
-    elif op == "mul" and isinstance(_arg(node, "input"), fx.Node) and strip(_arg(node, "input")) is strip(_arg(node, "other")):
+    elif (op == "mul" and isinstance(_arg(node, "input"), fx.Node)
+          and strip(_arg(node, "input")) is strip(_arg(node, "other"))):
         base = strip(_arg(node, "input"))
     else:
         return None
@@ -210,7 +211,9 @@ def _centred_base(node: Any) -> Optional[tuple[fx.Node, fx.Node]]:
         return None
     raw, centre = strip(_arg(node, "input")), strip(_arg(node, "other"))
     centre = _tuple_part(centre, 1) or centre
-    if _op(centre) not in ("mean", "variance", "std") or (_op(centre) != "mean" and _op_name(centre) not in ("var_mean", "std_mean")) or not isinstance(raw, fx.Node) or strip(_arg(centre, "input")) is not raw:
+    if (_op(centre) not in ("mean", "variance", "std")
+        or (_op(centre) != "mean" and _op_name(centre) not in ("var_mean", "std_mean")) or not isinstance(raw, fx.Node)
+        or strip(_arg(centre, "input")) is not raw):
         return None
     if not _keeps_dims(centre):
         return None
@@ -257,10 +260,12 @@ def _statistic(node: Any) -> Optional[_Statistic]:
         # |x_i| <= ||x||_p holds in floating point for p = 1, 2, inf (monotone rounding: sums of
         # non-negatives, sqrt(fl(x^2)) = |x|); (sum |x|^p)^(1/p) may round below |x_i| otherwise
         exact = p in (1, 2, math.inf)
-        return _Statistic(base=base, kind="norm", reduction=node, centred=False, rooted=True, rounding=0.0 if exact else 1e-5)
+        return _Statistic(base=base, kind="norm", reduction=node, centred=False, rooted=True,
+                          rounding=0.0 if exact else 1e-5)
     if op == "extremum" and _arg(node, "other") is None:
         inner = strip(_arg(node, "input"))
-        if _op(inner) == "abs" and _keeps_dims(node) and facts(node).primitive is not None and _op_name(node) in ("amax", "max"):
+        if (_op(inner) == "abs" and _keeps_dims(node) and facts(node).primitive is not None
+            and _op_name(node) in ("amax", "max")):
             return _Statistic(base=strip(_arg(inner, "input")), kind="norm", reduction=node, centred=False, rooted=True)
         return None
     if op == "abs":
@@ -309,7 +314,8 @@ def _broadcast_strip(node: Any) -> Any:
     numerator's shape divides exactly as the implicit broadcast does."""
     while True:
         node = strip(node)
-        if isinstance(node, fx.Node) and _op(node) == "view" and _op_name(node) in ("expand", "expand_as", "broadcast_to"):
+        if (isinstance(node, fx.Node) and _op(node) == "view"
+            and _op_name(node) in ("expand", "expand_as", "broadcast_to")):
             node = _arg(node, "input")
             continue
         return node
@@ -395,7 +401,8 @@ def _inverse_denominator(node: Any) -> Optional[_Denominator]:
         return None if den is None else _Denominator(den.statistic, den.eps, den.scale / scale, inverse=True)
     if op == "div" and _is_number(_arg(inner, "input")) and _arg(inner, "input") > 0:
         den = _denominator(_arg(inner, "other"))
-        return None if den is None else _Denominator(den.statistic, den.eps, den.scale / (scale * _arg(inner, "input")), inverse=True)
+        return (None if den is None
+                else _Denominator(den.statistic, den.eps, den.scale / (scale * _arg(inner, "input")), inverse=True))
     return None
 
 
@@ -414,7 +421,8 @@ def _proves(numerator: Any, den: Optional[_Denominator]) -> Optional[str]:
         if centred is None:
             return None  # an uncentred numerator over a deviation is not bounded
         if den.squared:
-            return "(x - mean) / (var + eps) (over-normalised, bounded)" if _centred_alike(centred, stat.base, numerator, stat.reduction) else None
+            return ("(x - mean) / (var + eps) (over-normalised, bounded)"
+                    if _centred_alike(centred, stat.base, numerator, stat.reduction) else None)
         if not _centred_alike(centred, stat.base, numerator, stat.reduction):
             return None
         return "(x - mean) / sqrt(var + eps) (LayerNorm written out)"
@@ -428,7 +436,8 @@ def _proves(numerator: Any, den: Optional[_Denominator]) -> Optional[str]:
     if den.squared:
         return "x / (mean(x^2) + eps) (a second moment: over-normalised, bounded)"
     if stat.kind == "ms":
-        return "x * rsqrt(mean(x^2) + eps) (RMSNorm written out)" if den.inverse else "x / sqrt(mean(x^2) + eps) (RMSNorm written out)"
+        return ("x * rsqrt(mean(x^2) + eps) (RMSNorm written out)" if den.inverse
+                else "x / sqrt(mean(x^2) + eps) (RMSNorm written out)")
     if stat.kind == "ss":
         return "x / sqrt(sum(x^2) + eps) (L2 normalization written out)"
     return "x / (||x||_p + eps) (L2 normalization written out)"
@@ -494,7 +503,8 @@ def match_normalisation(node: fx.Node) -> Optional[Normalisation]:
                 return Normalisation(strip(numerator), why, _bound(den))  # type: ignore[arg-type]
             scaled = strip(numerator)
             if den is not None and _op(scaled) == "mul":  # (g * x) / ||x||: g bounded is checked at propagation
-                for base, factor in ((_arg(scaled, "input"), _arg(scaled, "other")), (_arg(scaled, "other"), _arg(scaled, "input"))):
+                for base, factor in ((_arg(scaled, "input"), _arg(scaled, "other")),
+                                     (_arg(scaled, "other"), _arg(scaled, "input"))):
                     why = _proves(base, den) if isinstance(factor, fx.Node) else None
                     if why:
                         return Normalisation(strip(base), f"{why}, times a bounded factor", _bound(den), factor=factor)

@@ -35,7 +35,7 @@ two objects deep, or through a helper's globals, changed by the caller between l
 A poison that is read, a representative called twice, a replayed member whose ops escape the
 region (a tensor read from outside its arguments, a write to its inputs, a view of them as an
 output, a higher-order op, a tied weight) all abandon reuse: the model is exported again in
-full (:func:`qlint.core.trace.capture`), and ``qlint -v`` says why. On real weights the graph
+full (:func:`qlint.core.capture.capture`), and ``qlint -v`` says why. On real weights the graph
 check then runs the expanded graph against the eager model, as for any trace.
 """
 
@@ -84,7 +84,8 @@ def _replay(inputs: list[torch.Tensor], layer: str) -> list[torch.Tensor]:
 @_replay.register_fake
 def _(inputs: list[torch.Tensor], layer: str) -> list[torch.Tensor]:
     group = _ACTIVE[-1].member_group[layer]
-    return [torch.empty_strided(size, stride, dtype=dtype, device=device) for size, stride, dtype, device in group.out_metas]
+    return [torch.empty_strided(size, stride, dtype=dtype, device=device)
+            for size, stride, dtype, device in group.out_metas]
 
 
 MARK = torch.ops.qlint.mark.default
@@ -98,9 +99,17 @@ _MODULE_INTERNALS = frozenset({"training", "_parameters", "_buffers", "_non_pers
 _PLAIN = (int, float, bool, str, bytes, type(None), torch.dtype, torch.device)
 
 
-def poison_read() -> bool:
-    """Whether a trace under :func:`recording` read a layer attribute that differs between layers
-    (a dynamic-shape export that failed for it must not be retried in the same recording)."""
+def abandoned(exc: BaseException) -> bool:
+    """Whether an export under :func:`recording` failed because of the recording itself (a poisoned
+    attribute read, copies that cannot stand for the layers), not because of the model: a dynamic-shape
+    export that failed so must not be retried static in the same recording, but in full."""
+    seen: set[int] = set()
+    current: Optional[BaseException] = exc
+    while current is not None and id(current) not in seen:
+        if isinstance(current, ReuseAbandoned):
+            return True
+        seen.add(id(current))
+        current = current.__cause__ or current.__context__
     return bool(_READS)
 
 
@@ -137,7 +146,8 @@ _READS: list[str] = []
 for _name in ("bool", "int", "index", "float", "complex", "hash", "eq", "ne", "lt", "le", "gt", "ge", "str", "repr",
               "format", "bytes", "len", "iter", "next", "reversed", "contains", "getitem", "setitem", "delitem", "call",
               "enter", "exit", "neg", "pos", "abs", "invert", "round", "trunc", "floor", "ceil", "setattr", "delattr",
-              "reduce", "reduce_ex", "dir", "fspath", "buffer", "array", "torch_function", "getstate", "copy", "deepcopy",
+              "reduce", "reduce_ex", "dir", "fspath", "buffer", "array", "torch_function", "getstate", "copy",
+              "deepcopy",
               *(f"{prefix}{op}" for op in ("add", "sub", "mul", "matmul", "truediv", "floordiv", "mod", "divmod", "pow",
                                            "lshift", "rshift", "and", "xor", "or") for prefix in ("", "r", "i"))):
     setattr(_Poison, f"__{_name}__", _raise)
@@ -196,7 +206,8 @@ def find_groups(model: torch.nn.Module) -> list[Group]:
                 found = {name: _differing(first, model.get_submodule(name)) for name in names[1:]}
                 differing = set().union(*(f for f in found.values() if f))
                 if differing and _tests_types(first, {key for _, key in differing}):
-                    found = {name: f if not f else None for name, f in found.items()}  # type(v) / id(v) would see the poison
+                    # type(v) / id(v) would see the poison
+                    found = {name: f if not f else None for name, f in found.items()}
                     differing = set()
                 members = [name for name, f in found.items() if f is not None]
                 if members:
@@ -225,7 +236,8 @@ def _tests_types(layer: torch.nn.Module, attributes: set[str]) -> bool:
             continue
         seen.add(id(code))
         for instruction in dis.get_instructions(code):
-            if instruction.opname in ("LOAD_GLOBAL", "LOAD_NAME") and instruction.argval in ("type", "id") and instruction.argval not in scope:
+            if (instruction.opname in ("LOAD_GLOBAL", "LOAD_NAME") and instruction.argval in ("type", "id")
+                and instruction.argval not in scope):
                 return True
         for name in code.co_names:
             target = scope.get(name) if name in scope else getattr(cls, name, None)
@@ -257,8 +269,12 @@ def _structure(layer: torch.nn.Module) -> Optional[tuple]:
     for name, module in layer.named_modules(remove_duplicate=False):
         if module._forward_hooks or module._forward_pre_hooks or "forward" in vars(module):
             return None
-        tensors = tuple((kind, key, None if t is None else (tuple(t.shape), t.stride(), t.dtype, t.device, t.requires_grad, key in module._non_persistent_buffers_set))
-                        for kind, table in (("p", module._parameters), ("b", module._buffers)) for key, t in table.items())
+        tensors = tuple((kind, key,
+                         None if t is None
+                         else (tuple(t.shape), t.stride(), t.dtype, t.device, t.requires_grad,
+                               key in module._non_persistent_buffers_set))
+                        for kind, table in (("p", module._parameters), ("b", module._buffers))
+                        for key, t in table.items())
         attributes = tuple(sorted(k for k in vars(module) if k not in _MODULE_INTERNALS))
         rows.append((name, type(module), module.training, tensors, attributes))
     return tuple(rows)
@@ -287,7 +303,8 @@ def _differing(first: torch.nn.Module, other: torch.nn.Module) -> Optional[set[t
 def _poisonable(a: Any, b: Any) -> bool:
     """Can a poison stand for both values? Not when ``type(v) is ...`` or ``v is None`` / ``is True``
     / an enum member could tell them apart: identity and type tests cannot be intercepted."""
-    return type(a) is type(b) and not any(v is None or v is Ellipsis or isinstance(v, (bool, enum.Enum)) for v in (a, b))
+    return (type(a) is type(b)
+            and not any(v is None or v is Ellipsis or isinstance(v, (bool, enum.Enum)) for v in (a, b)))
 
 
 def _same(a: Any, b: Any) -> bool:
@@ -314,7 +331,8 @@ def _meta(t: torch.Tensor) -> tuple:
 
 def _context() -> tuple:
     """The modes a call's ops depend on besides its arguments: grad, inference, autocast."""
-    autocast = tuple((device, torch.is_autocast_enabled(device), torch.get_autocast_dtype(device)) for device in ("cpu", "cuda"))
+    autocast = tuple((device, torch.is_autocast_enabled(device), torch.get_autocast_dtype(device))
+                     for device in ("cpu", "cuda"))
     return torch.is_grad_enabled(), torch.is_inference_mode_enabled(), autocast
 
 
@@ -408,7 +426,8 @@ def _representative_forward(rep: torch.nn.Module, group: Group) -> Any:
         group.context = _context()
         group.state = _readable_state(rep, group)
         count = iter(range(len(leaves)))
-        marked = [_mark(v, f"in:{group.representative}:{next(count)}") if isinstance(v, torch.Tensor) else v for v in leaves]
+        marked = [_mark(v, f"in:{group.representative}:{next(count)}") if isinstance(v, torch.Tensor) else v
+                  for v in leaves]
         args, kwargs = pytree.tree_unflatten(marked, group.in_spec)
         versions = [v._version for v in marked if isinstance(v, torch.Tensor)]
         out = original(*args, **kwargs)
@@ -455,8 +474,9 @@ def _shallow(value: Any) -> Any:
     """A value, with the contents of a mutable container or plain object (one level) beside it."""
     if isinstance(value, (dict, list, set)):
         return _Held(value, list(value.items()) if isinstance(value, dict) else list(value))
-    if hasattr(value, "__dict__") and not isinstance(value, (torch.nn.Module, type, types.ModuleType, types.FunctionType,
-                                                           types.BuiltinFunctionType, functools.partial)):
+    if hasattr(value, "__dict__") and not isinstance(value, (torch.nn.Module, type, types.ModuleType,
+                                                             types.FunctionType, types.BuiltinFunctionType,
+                                                             functools.partial)):
         return _Held(value, list(vars(value).items()))
     return value
 
@@ -516,9 +536,11 @@ def expand(gm: fx.GraphModule, model: torch.nn.Module, plan: Plan) -> None:
     Raises ReuseAbandoned when a representative's ops are not a closed region of the graph."""
     graph = gm.graph
     for name, sub in gm.named_modules():
-        if sub is not gm and isinstance(sub, fx.GraphModule) and any(n.target in (MARK, REPLAY) for n in sub.graph.nodes):
+        if (sub is not gm and isinstance(sub, fx.GraphModule)
+            and any(n.target in (MARK, REPLAY) for n in sub.graph.nodes)):
             raise ReuseAbandoned(f"a layer was called inside the body `{name}` of a higher-order op")
-    written = next((n for n in graph.nodes if n.op == "call_function" and getattr(getattr(n.target, "_schema", None), "is_mutable", False)), None)
+    written = next((n for n in graph.nodes if n.op == "call_function"
+                    and getattr(getattr(n.target, "_schema", None), "is_mutable", False)), None)
     if written is not None:  # a buffer update or an input write is not inside the copied ops
         raise ReuseAbandoned(f"the graph writes in place ({written.target})")
     marks = {node.args[1]: node for node in graph.nodes if node.op == "call_function" and node.target is MARK}
@@ -576,17 +598,21 @@ def _region(group: Group, marks: dict[str, fx.Node]) -> tuple[list[fx.Node], dic
             raise ReuseAbandoned(f"an output of `{group.representative}` is a view of its input")
     marked = set(inputs.values()) | set(outputs.values())
     graph_nodes = list(next(iter(outputs.values())).graph.nodes)
-    region = [n for n in graph_nodes if n.op == "call_function" and n not in marked and key in (n.meta.get("nn_module_stack") or {})]
+    region = [n for n in graph_nodes if n.op == "call_function" and n not in marked
+              and key in (n.meta.get("nn_module_stack") or {})]
     inside = set(region)
     for node in region:
         if isinstance(node.target, torch._ops.HigherOrderOperator):
-            raise ReuseAbandoned(f"`{group.representative}` holds a higher-order op ({node.target.name()}), whose body reads its own state")
+            raise ReuseAbandoned(f"`{group.representative}` holds a higher-order op ({node.target.name()}), whose body "
+                                 "reads its own state")
         schema = getattr(node.target, "_schema", None)
         if schema is not None and schema.is_mutable:
             raise ReuseAbandoned(f"`{group.representative}` writes in place ({node.target})")
         for source in node.all_input_nodes:
-            if source not in inside and source not in inputs.values() and source.op != "get_attr" and not _symbolic_size(source):
-                raise ReuseAbandoned(f"`{group.representative}` reads `{source.name}`, which is not one of its arguments")
+            if (source not in inside and source not in inputs.values() and source.op != "get_attr"
+                and not _symbolic_size(source)):
+                raise ReuseAbandoned(f"`{group.representative}` reads `{source.name}`, which is not one of its "
+                                     "arguments")
         for user in node.users:
             if user not in inside and user not in outputs.values():
                 raise ReuseAbandoned(f"`{group.representative}`'s `{node.name}` is used outside the layer")
@@ -613,7 +639,8 @@ def _copy_region(gm: fx.GraphModule, model: torch.nn.Module, group: Group, repla
     def remap(node: fx.Node) -> Any:
         if node in env:
             return env[node]
-        if node.op == "get_attr" and (node.target == group.representative or node.target.startswith(group.representative + ".")):
+        if (node.op == "get_attr"
+            and (node.target == group.representative or node.target.startswith(group.representative + "."))):
             return _attribute(gm, model, member + node.target[len(group.representative):], node, attributes)
         return node
 
@@ -635,7 +662,8 @@ def _copy_region(gm: fx.GraphModule, model: torch.nn.Module, group: Group, repla
     graph.erase_node(replay)
 
 
-def _attribute(gm: fx.GraphModule, model: torch.nn.Module, target: str, like: fx.Node, attributes: dict[str, fx.Node]) -> fx.Node:
+def _attribute(gm: fx.GraphModule, model: torch.nn.Module, target: str, like: fx.Node,
+               attributes: dict[str, fx.Node]) -> fx.Node:
     """A get_attr node for the member's own tensor (the model's object, registered on ``gm`` if absent)."""
     if target in attributes:
         return attributes[target]

@@ -7,8 +7,8 @@ the length, a branch on ``T % 2``. qlint exports with every axis of every input 
 dynamic (``Dim.AUTO``: an axis the model fixes is specialised, not an error), then checks the
 graph against the eager model on other shapes, as the graph check does on other values: the
 example's axes at n + 1 and 2n + 1, and either side of each size the export's guards name
-(``size()[1] <= 16`` gives 15, 16 and 17); never 1 (see :func:`candidates`). A shape the eager model rejects is no input; a
-shape where the graph fails or computes something else is not covered by the graph, and
+(``size()[1] <= 16`` gives 15, 16 and 17); never 1 (see :func:`candidates`). A shape the eager model rejects
+is no input; a shape where the graph fails or computes something else is not covered by the graph, and
 the pipeline analyses the model traced there too (:func:`qlint.analysis.run`).
 
 An axis of size 1 in the example is specialised by export (0/1 specialisation) and is not
@@ -26,7 +26,8 @@ from typing import Any, Callable, Optional
 import torch
 from torch.fx.experimental.symbolic_shapes import is_concrete_int
 
-MAX_CANDIDATES = 24  # shapes compared with the graph (each costs one eager and one graph forward); the rest are uncovered
+# shapes compared with the graph (each costs one eager and one graph forward); the rest are uncovered
+MAX_CANDIDATES = 24
 
 
 @dataclass
@@ -162,7 +163,8 @@ class Guards:
         """Each guard's truth with ``{(input, axis): size}`` changed."""
         shapes = {j: _Sized([change.get((j, d), int(n)) for d, n in enumerate(x.shape)])
                   for j, x in enumerate(self.inputs) if isinstance(x, torch.Tensor)}
-        scope = {"L": {name: shapes.get(j, self.inputs[j] if j < len(self.inputs) else None) for j, name in enumerate(self.names)},
+        scope = {"L": {name: shapes.get(j, self.inputs[j] if j < len(self.inputs) else None)
+                       for j, name in enumerate(self.names)},
                  "math": math, "torch": torch}
         values = []
         for text, code in self.checks:
@@ -210,7 +212,8 @@ def regions(guards: Guards, symbolic: dict[int, set[int]]) -> list[Region]:
 JOINT_LIMIT = 48  # sizes per axis scanned for guards that read two axes together (B * T == 12)
 
 
-def joint_regions(guards: Guards, symbolic: dict[int, set[int]], seen: set[tuple]) -> list[tuple[dict[tuple[int, int], int], bool]]:
+def joint_regions(guards: Guards, symbolic: dict[int, set[int]],
+                  seen: set[tuple]) -> list[tuple[dict[tuple[int, int], int], bool]]:
     """Guard values reached only by changing two symbolic axes together (a dispatch on B * T): for
     each truth vector not in ``seen`` (those one axis reaches), the pair of sizes nearest the
     example, and whether only export's own size assumptions separate it."""
@@ -227,10 +230,12 @@ def joint_regions(guards: Guards, symbolic: dict[int, set[int]], seen: set[tuple
                     distance = abs(a - example[0]) + abs(b - example[1])
                     if value not in seen and (value not in found or distance < found[value][0]):
                         found[value] = (distance, {first: a, second: b})
-    return [(change, guards.specialised_only(value)) for value, (_, change) in sorted(found.items(), key=lambda item: item[1][0])]
+    return [(change, guards.specialised_only(value))
+            for value, (_, change) in sorted(found.items(), key=lambda item: item[1][0])]
 
 
-def candidates(inputs: tuple, symbolic: dict[int, set[int]], unrolled: dict[int, set[int]], guards: Guards) -> list[Other]:
+def candidates(inputs: tuple, symbolic: dict[int, set[int]], unrolled: dict[int, set[int]],
+               guards: Guards) -> list[Other]:
     """Inputs of other shapes to try, most telling first: one size in each region the export's guards
     cut a symbolic axis into (a dispatch on the size: each is another region of the graph), those
     above the example before those below, nearest first, then the pairs of sizes of two axes that
@@ -365,4 +370,5 @@ def symbolic_axes(module: Any, inputs: tuple) -> dict[int, set[int]]:
     return out
 
 
-__all__ = ["Guards", "Other", "Region", "ShapeCoverage", "automatic", "candidates", "guard_sizes", "probe", "regions", "resized", "symbolic_axes"]
+__all__ = ["Guards", "Other", "Region", "ShapeCoverage", "automatic", "candidates", "guard_sizes", "probe", "regions",
+           "resized", "symbolic_axes"]

@@ -48,8 +48,10 @@ class Support:
         return math.isfinite(self.lo) and math.isfinite(self.hi)
 
 
-_ELEMENTWISE = frozenset({"add", "sub", "rsub", "mul", "div", "neg", "relu", "abs", "clamp", "pow", "square", "to", "float",
-                          "double", "type_as", "_to_copy", "where", "ge", "gt", "le", "lt", "logical_and", "bitwise_and",
+_ELEMENTWISE = frozenset({"add", "sub", "rsub", "mul", "div", "neg", "relu", "abs", "clamp", "pow", "square", "to",
+                          "float",
+                          "double", "type_as", "_to_copy", "where", "ge", "gt", "le", "lt", "logical_and",
+                          "bitwise_and",
                           "and_", "__and__"})
 _SLICES = frozenset({"slice", "getitem", "narrow"})
 
@@ -111,7 +113,8 @@ def _support(node: fx.Node, graph: GraphFacts, known: dict, fixed: Callable) -> 
     return Support(base) if len(operands) == 1 else None
 
 
-def _threshold(name: str, bound: Any, base: fx.Node, operands: list, fixed: Callable, graph: GraphFacts) -> Optional[Support]:
+def _threshold(name: str, bound: Any, base: fx.Node, operands: list, fixed: Callable,
+               graph: GraphFacts) -> Optional[Support]:
     """``base >= c`` (``gt``): nonzero only where base >= min c; ``base < c`` (``le``): where base <= max c."""
     a, b = bound.arguments.get("input"), bound.arguments.get("other")
     if a is base and not (isinstance(b, fx.Node) and b in graph.data):
@@ -185,7 +188,8 @@ def _along_broadcast(node: fx.Node, source: fx.Node, base: fx.Node) -> bool:
     """A slice that only drops entries along the axes base broadcasts over (same rank, every other
     axis kept whole)."""
     shape, source_shape, base_shape = shape_of(node), shape_of(source), shape_of(base)
-    if shape is None or source_shape is None or base_shape is None or not (len(shape) == len(source_shape) == len(base_shape)):
+    if (shape is None or source_shape is None or base_shape is None
+        or not (len(shape) == len(source_shape) == len(base_shape))):
         return False
     return all(s == t or b == 1 for s, t, b in zip(shape, source_shape, base_shape))
 

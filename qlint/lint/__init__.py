@@ -2,15 +2,19 @@
 
 A rule's metadata lives in ``rules/checks/*.toml`` (code, name, severity, the message
 template, the documentation, and ``fires_on`` / ``silent_on`` fixture specs that
-``tests/test_rule_examples.py`` runs, Fixit-style); reading it needs no torch, so
+``tests/lint/test_rule_examples.py`` runs, Fixit-style); reading it needs no torch, so
 ``qlint explain`` and config validation are instant. The checker of a code is a
-function in ``qlint/lint/<group>.py`` registered with :func:`checker` (:mod:`qlint.lint.rule`); findings are made
-only through the rule object, ``rule("QL101").finding(...)``, so the code, the severity
-and the message wording come from one place.
+function in ``qlint/lint/<group>.py`` (the group of its ``rules/checks/<group>.toml``)
+registered with ``@checker("QL101")`` (:mod:`qlint.lint.rule`), the one place its code is
+written; it is handed its rule and makes findings only through ``rule.finding(...)``, so
+the code, the severity and the message wording come from one place.
 """
 
 from __future__ import annotations
 
+import functools
+import importlib
+import pkgutil
 import traceback
 from typing import Any, Iterable, Optional
 
@@ -19,10 +23,20 @@ from qlint.lint.rule import CHECKERS, Checker, Rule, checker, rule, rules
 
 
 def load_checkers() -> dict[str, Checker]:
-    """Import every checker module (they need torch) so CHECKERS is complete."""
-    from qlint.lint import attention, exponent, looped, placement  # noqa: F401
-
+    """Every registered checker by code, their modules imported first (they need torch)."""
+    _import_checker_modules()
     return CHECKERS
+
+
+@functools.cache
+def _import_checker_modules() -> None:
+    """Import the modules of this package named after a rules/checks/<group>.toml: the checker
+    modules, found without a hand-kept list. The helpers (``rule``, ``graph_queries``,
+    ``branch_scale``) are named after no group and load only when a checker imports them."""
+    groups = {r.group for r in rules().values()}
+    for module in pkgutil.iter_modules(__path__):
+        if module.name in groups:
+            importlib.import_module(f"{__name__}.{module.name}")
 
 
 def run_checks(analysis: Any, codes: Optional[Iterable[str]] = None) -> list[Finding]:
@@ -40,24 +54,25 @@ def run_checks(analysis: Any, codes: Optional[Iterable[str]] = None) -> list[Fin
     findings: list[Finding] = []
     for code in sorted(checkers):
         if wanted is None or code in wanted:
-            findings.extend(_isolated(code, checkers[code], analysis))
+            findings.extend(_isolated(rule(code), checkers[code], analysis))
     return findings
 
 
-def _isolated(code: str, check: Checker, analysis: Any) -> list[Finding]:
+def _isolated(checked: Rule, check: Checker, analysis: Any) -> list[Finding]:
     """The checker's findings, the exception it raised turned into an internal-error finding."""
     found: list[Finding] = []
     try:
-        for finding in check(analysis):
+        for finding in check(analysis, checked):
             found.append(finding)
     except Exception as exc:  # noqa: BLE001  (any bug in one rule; KeyboardInterrupt and SystemExit pass)
         report = getattr(analysis, "report", None)
         spec = getattr(report, "spec", None) or type(getattr(analysis, "model", analysis)).__name__
-        error = rule(code).internal_error(spec, exc)
+        error = checked.internal_error(spec, exc)
         found.append(error)
         if report is not None:
             text = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
-            report.extra.setdefault("internal_errors", []).append({"code": code, "message": error.message, "traceback": text})
+            report.extra.setdefault("internal_errors", []).append(
+                {"code": checked.code, "message": error.message, "traceback": text})
     return found
 
 

@@ -12,7 +12,7 @@ from qlint.core.engine import Analysis, relative, source_of
 from qlint.core.graph import GraphFacts, module_path
 from qlint.core.ops import op_name
 from qlint.core.results import Finding, Source
-from qlint.lint.rule import checker, rule
+from qlint.lint.rule import Rule, checker
 from qlint.lint.graph_queries import argument, family, is_normalizer, op
 
 # ops between Q·K and the softmax that leave the logits' magnitude in the weights' hands
@@ -135,14 +135,14 @@ def _unbounded(attention: _Attention, graph: GraphFacts) -> Optional[str]:
 
 
 @checker("QL201")
-def unbounded_attention_logits(analysis: Analysis) -> Iterable[Finding]:
+def unbounded_attention_logits(analysis: Analysis, rule: Rule) -> Iterable[Finding]:
     reported: set[str] = set()
     for attention in _attentions(analysis):
         reason = _unbounded(attention, analysis.graph)
         if reason is None or attention.path in reported:
             continue
         reported.add(attention.path)
-        yield rule("QL201").finding(attention.path, _source(attention, analysis), path=attention.path, reason=reason)
+        yield rule.finding(attention.path, _source(attention, analysis), path=attention.path, reason=reason)
 
 
 def _source(attention: _Attention, analysis: Analysis) -> Optional[Source]:

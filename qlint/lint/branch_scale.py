@@ -43,7 +43,8 @@ import torch.fx as fx
 from qlint.core.blocks import Term
 from qlint.core.engine import Analysis
 from qlint.core.graph import module_path
-from qlint.lint.graph_queries import argument, constant_value, family, is_normalizer, once_per_graph, op, stacks, uses_running_stats
+from qlint.lint.graph_queries import (argument, constant_value, family, is_normalizer, once_per_graph, op, stacks,
+                                     uses_running_stats)
 
 
 @dataclass
@@ -229,7 +230,12 @@ def _affine_gain(node: fx.Node, analysis: Analysis) -> Optional[float]:
     eps = argument(node, "eps", 1e-5)
     if var is None or var.is_meta or not var.numel() or not isinstance(eps, (int, float)):
         return None
-    top = 1.0 if weight is None else (None if gamma is None or gamma.is_meta else float(_magnitude(gamma).max()) if gamma.numel() else 1.0)
+    if weight is None:
+        top: Optional[float] = 1.0
+    elif gamma is None or gamma.is_meta:
+        top = None
+    else:
+        top = float(_magnitude(gamma).max()) if gamma.numel() else 1.0
     if top is None:
         return None
     return top / math.sqrt(max(float(var.to(torch.float64).min()), 0.0) + eps)

@@ -8,7 +8,7 @@ from typing import Any, Iterable, Optional, Union
 from qlint.core.algebra import format_q
 from qlint.core.engine import Analysis, dominant_step
 from qlint.core.results import Block, Finding, Source, Transition
-from qlint.lint.rule import checker, rule
+from qlint.lint.rule import Rule, checker
 
 Part = Union[Block, Transition]
 
@@ -35,47 +35,47 @@ def _culprit(part: Part) -> str:
 
 
 @checker("QL101")
-def supercritical(analysis: Analysis) -> Iterable[Finding]:
+def supercritical(analysis: Analysis, rule: Rule) -> Iterable[Finding]:
     for kind, part in _parts(analysis):
         if part.q is not None and not math.isinf(part.q) and part.q > analysis.threshold:
-            yield rule("QL101").finding(part.name, part.source, kind=kind, name=part.name, q=format_q(part.q),
-                                        threshold=f"{analysis.threshold:g}", dominant=part.dominant, at=_at(part),
-                                        related=[_dominant_source(part)])
+            yield rule.finding(part.name, part.source, kind=kind, name=part.name, q=format_q(part.q),
+                               threshold=f"{analysis.threshold:g}", dominant=part.dominant, at=_at(part),
+                               related=[_dominant_source(part)])
 
 
 @checker("QL102")
-def uncertified(analysis: Analysis) -> Iterable[Finding]:
+def uncertified(analysis: Analysis, rule: Rule) -> Iterable[Finding]:
     for kind, part in _parts(analysis):
         if part.q is None:
-            yield rule("QL102").finding(part.name, part.source, kind=kind, name=part.name, culprit=_culprit(part))
+            yield rule.finding(part.name, part.source, kind=kind, name=part.name, culprit=_culprit(part))
 
 
 @checker("QL103")
-def superpolynomial(analysis: Analysis) -> Iterable[Finding]:
+def superpolynomial(analysis: Analysis, rule: Rule) -> Iterable[Finding]:
     for kind, part in _parts(analysis):
         if part.q is not None and math.isinf(part.q):
-            yield rule("QL103").finding(part.name, part.source, kind=kind, name=part.name, culprit=part.dominant)
+            yield rule.finding(part.name, part.source, kind=kind, name=part.name, culprit=part.dominant)
 
 
 @checker("QL104")
-def post_norm(analysis: Analysis) -> Iterable[Finding]:
+def post_norm(analysis: Analysis, rule: Rule) -> Iterable[Finding]:
     for residual, block in zip(analysis.stream.blocks, analysis.report.blocks):
         if block.form == "post-norm":
             where = f" at {block.source}" if block.source else ""
             update = "a LN(X) + f(LN(X))" if residual.norm_in is not None else "LN(X + f(X))"
-            yield rule("QL104").finding(block.name, block.source, name=block.name, update=update,
-                                        q=format_q(block.q), at=where)
+            yield rule.finding(block.name, block.source, name=block.name, update=update,
+                               q=format_q(block.q), at=where)
 
 
 @checker("QL105")
-def post_activation(analysis: Analysis) -> Iterable[Finding]:
+def post_activation(analysis: Analysis, rule: Rule) -> Iterable[Finding]:
     for block in analysis.report.blocks:
         if block.form == "post-activation":
-            yield rule("QL105").finding(block.name, block.source, name=block.name, q=format_q(block.q))
+            yield rule.finding(block.name, block.source, name=block.name, q=format_q(block.q))
 
 
 @checker("QL106")
-def uncovered(analysis: Analysis) -> Iterable[Finding]:
+def uncovered(analysis: Analysis, rule: Rule) -> Iterable[Finding]:
     from qlint.core.engine import source_of
 
     by_name: dict[str, Any] = {b.name: b for b in analysis.report.blocks}
@@ -83,11 +83,11 @@ def uncovered(analysis: Analysis) -> Iterable[Finding]:
     for gap in analysis.gaps:
         part = by_name.get(gap.part) if gap.part else None
         source = part.source if part is not None else (source_of(gap.node) if gap.node is not None else None)
-        yield rule("QL106").finding(gap.part, source, reason=gap.reason)
+        yield rule.finding(gap.part, source, reason=gap.reason)
 
 
 @checker("QL107")
-def witness_refuted(analysis: Analysis) -> Iterable[Finding]:
+def witness_refuted(analysis: Analysis, rule: Rule) -> Iterable[Finding]:
     witnessed = getattr(analysis, "witness", None)
     if witnessed is None:
         return
@@ -95,18 +95,19 @@ def witness_refuted(analysis: Analysis) -> Iterable[Finding]:
     for refutation in witnessed.refuted:
         block = by_name.get(refutation.block)
         what = f"block `{refutation.block}`" if block is not None else "the model"
-        yield rule("QL107").finding(refutation.block if block is not None else None, block.source if block else None,
-                                    what=what, measurement=refutation.measurement)
+        yield rule.finding(refutation.block if block is not None else None, block.source if block else None,
+                           what=what, measurement=refutation.measurement)
 
 
 @checker("QL108")
-def parameter_hazard(analysis: Analysis) -> Iterable[Finding]:
+def parameter_hazard(analysis: Analysis, rule: Rule) -> Iterable[Finding]:
     from qlint.core.engine import source_of
 
     owners = _units_reading(analysis)
     for node, hazard in analysis.prop.hazards.items():
         owner = owners.get(node)
-        yield rule("QL108").finding(owner, source_of(node), node=node.name, hazard=hazard.replace(": not finite for every parameter value", ""))
+        yield rule.finding(owner, source_of(node), node=node.name,
+                           hazard=hazard.replace(": not finite for every parameter value", ""))
 
 
 def _units_reading(analysis: Analysis) -> dict[Any, Optional[str]]:

@@ -59,7 +59,8 @@ def carried(node: Any) -> Any:
         if stripped is not node:
             node = stripped
             continue
-        if family(node) & {"view", "cast"} and isinstance(argument(node, "input"), fx.Node) and op_name(node) != "getitem":
+        passes_through = family(node) & {"view", "cast"} and op_name(node) != "getitem"
+        if passes_through and isinstance(argument(node, "input"), fx.Node):
             node = argument(node, "input")
             continue
         return node

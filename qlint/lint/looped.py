@@ -25,8 +25,9 @@ from qlint.core.graph import lifted_constant, module_path, run_cone
 from qlint.core.ops import describe
 from qlint.core.propagate import is_buffer, leading
 from qlint.core.results import Finding
-from qlint.lint.rule import checker, rule
-from qlint.lint.graph_queries import argument, carried, common_path, constant_value, is_normalizer, normalised_input, once_per_graph, op
+from qlint.lint.rule import Rule, checker
+from qlint.lint.graph_queries import (argument, carried, common_path, constant_value, is_normalizer, normalised_input,
+                                     once_per_graph, op)
 
 @dataclass(frozen=True)
 class CarrySum:
@@ -157,7 +158,8 @@ def _opened(first: Step, dependent: set[fx.Node], order: dict) -> bool:
         return False
     terms = _scaled_terms(summed(root), dependent)
     steps = (_step(root, value, terms, order) for _, value, _ in terms)
-    return any(step is not None and step.weights == first.weights and step.post_norm == first.post_norm for step in steps)
+    return any(step is not None and step.weights == first.weights and step.post_norm == first.post_norm
+               for step in steps)
 
 
 def _is_sum(node: fx.Node) -> bool:
@@ -197,7 +199,8 @@ def _scaled(term: fx.Node, dependent: set[fx.Node]) -> tuple[fx.Node, Optional[t
     """Peel parameter-only factors off a product, however nested (``A*h*2``, ``A*(2*h)``)."""
     factors: list[Any] = []
     while op(term) == "mul":
-        for value, factor in ((argument(term, "input"), argument(term, "other")), (argument(term, "other"), argument(term, "input"))):
+        left, right = argument(term, "input"), argument(term, "other")
+        for value, factor in ((left, right), (right, left)):
             constant = isinstance(factor, fx.Node) and factor not in dependent
             number = isinstance(factor, (int, float)) and not isinstance(factor, bool)
             if isinstance(value, fx.Node) and value in dependent and (constant or number):
@@ -342,9 +345,10 @@ def check_carry(carry: Any, analysis: Analysis) -> CarryCheck:
         return CarryCheck("shown", f"{what} {witness}")
     bound = f" (qlint's bound: {_interval(r)})" if r is not None and r != domain.ANY else ""
     if r is not None and domain.strictly_above(r, -1.0) and domain.strictly_below(r, 1.0):
-        return CarryCheck("negative", f"{what} lies in {_interval(r)}: |Ā| < 1, so the linear part contracts, but a negative "
-                                      "carry flips the state's sign every step (003 keeps Ā in (0, 1))")
-    return CarryCheck("unproved", f"qlint cannot show {what} stays in [0, 1){bound}, nor find a parameter value that takes it out")
+        return CarryCheck("negative", f"{what} lies in {_interval(r)}: |Ā| < 1, so the linear part contracts, "
+                                      "but a negative carry flips the state's sign every step (003 keeps Ā in (0, 1))")
+    return CarryCheck("unproved",
+                      f"qlint cannot show {what} stays in [0, 1){bound}, nor find a parameter value that takes it out")
 
 
 def _as_sum(carry: Any) -> CarrySum:
@@ -404,7 +408,10 @@ def _sum_range(expression: CarrySum, analysis: Analysis, leaves: dict[fx.Node, s
     for sign, factors in expression.terms:
         product = domain.point(float(sign))
         for factor in factors:
-            r = _proved_range(carried(factor), analysis, leaves) if isinstance(factor, fx.Node) else domain.point(float(factor))
+            if isinstance(factor, fx.Node):
+                r = _proved_range(carried(factor), analysis, leaves)
+            else:
+                r = domain.point(float(factor))
             if r is None:
                 return None
             product = domain.mul(product, r)
@@ -439,7 +446,8 @@ def _witness(carry: Any, analysis: Analysis, leaves: dict[fx.Node, str]) -> Opti
     free = [leaf for leaf, kind in leaves.items() if kind == "parameter"]
     own = {leaf: analysis.prop.fetch_attr(str(leaf.target)).detach() for leaf in leaves}
     trials: list[tuple[str, dict]] = [("", {})]
-    trials += [(f"`{leaf.target}` = {number:g}", {leaf: torch.full_like(own[leaf], number)}) for number in WITNESS_VALUES for leaf in free]
+    trials += [(f"`{leaf.target}` = {number:g}", {leaf: torch.full_like(own[leaf], number)})
+               for number in WITNESS_VALUES for leaf in free]
     for setting, overrides in trials:
         settings = {leaf: value.double() for leaf, value in {**own, **overrides}.items()}
         value = carry_value(carry, lambda node: analysis.graph.evaluate(carried(node), settings))
@@ -490,7 +498,9 @@ def _interval(r: domain.Range) -> str:
     def end(value: float) -> str:
         return f"{value + 0.0:.6g}"  # + 0.0: no "-0"
 
-    return f"{'(' if r.lo_open or math.isinf(r.lo) else '['}{end(r.lo)}, {end(r.hi)}{')' if r.hi_open or math.isinf(r.hi) else ']'}"
+    opening = "(" if r.lo_open or math.isinf(r.lo) else "["
+    closing = ")" if r.hi_open or math.isinf(r.hi) else "]"
+    return f"{opening}{end(r.lo)}, {end(r.hi)}{closing}"
 
 
 def _carry_now(carry: Any, analysis: Analysis) -> str:
@@ -504,46 +514,46 @@ def _describe(loop: Loop) -> str:
     return f"looped recurrence `{loop.path}` ({loop.iterations} iterations of {loop.form})"
 
 
-def _carry_findings(analysis: Analysis, code: str, verdicts: tuple[str, ...]) -> Iterable[Finding]:
+def _carry_findings(analysis: Analysis, rule: Rule, verdicts: tuple[str, ...]) -> Iterable[Finding]:
     for loop in find_loops(analysis):
         carry = loop.step.carry
         if carry is None:
             continue
         check = check_carry(carry, analysis)
         if check.verdict in verdicts:
-            yield rule(code).finding(loop.path, source_of(loop.step.root), loop=_describe(loop), problem=check.problem,
-                                     now=_carry_now(carry, analysis))
+            yield rule.finding(loop.path, source_of(loop.step.root), loop=_describe(loop), problem=check.problem,
+                               now=_carry_now(carry, analysis))
 
 
 @checker("QL301")
-def unconstrained_carry(analysis: Analysis) -> Iterable[Finding]:
-    yield from _carry_findings(analysis, "QL301", ("shown",))
+def unconstrained_carry(analysis: Analysis, rule: Rule) -> Iterable[Finding]:
+    yield from _carry_findings(analysis, rule, ("shown",))
 
 
 @checker("QL306")
-def unproved_carry(analysis: Analysis) -> Iterable[Finding]:
-    yield from _carry_findings(analysis, "QL306", ("negative", "unproved"))
+def unproved_carry(analysis: Analysis, rule: Rule) -> Iterable[Finding]:
+    yield from _carry_findings(analysis, rule, ("negative", "unproved"))
 
 
 @checker("QL302")
-def identity_in_increment(analysis: Analysis) -> Iterable[Finding]:
+def identity_in_increment(analysis: Analysis, rule: Rule) -> Iterable[Finding]:
     for loop in find_loops(analysis):
         copies = loop.step.identity
         if copies > 0:
             carried_as = "Ā + I" if loop.step.carry is not None else f"{copies + 1}·I"
-            yield rule("QL302").finding(loop.path, source_of(loop.step.root), loop=_describe(loop), carried=carried_as)
+            yield rule.finding(loop.path, source_of(loop.step.root), loop=_describe(loop), carried=carried_as)
 
 
 @checker("QL303")
-def unit_carry(analysis: Analysis) -> Iterable[Finding]:
+def unit_carry(analysis: Analysis, rule: Rule) -> Iterable[Finding]:
     for loop in find_loops(analysis):
         step = loop.step
         if step.carry is None and step.identity == 0 and not step.post_norm:
-            yield rule("QL303").finding(loop.path, source_of(step.root), loop=_describe(loop))
+            yield rule.finding(loop.path, source_of(step.root), loop=_describe(loop))
 
 
 @checker("QL307")
-def post_norm_loop(analysis: Analysis) -> Iterable[Finding]:
+def post_norm_loop(analysis: Analysis, rule: Rule) -> Iterable[Finding]:
     for loop in find_loops(analysis):
         if loop.step.post_norm:
-            yield rule("QL307").finding(loop.path, source_of(loop.step.root), loop=_describe(loop))
+            yield rule.finding(loop.path, source_of(loop.step.root), loop=_describe(loop))

@@ -8,13 +8,13 @@ from dataclasses import dataclass
 from typing import Iterable, Optional
 
 from qlint.core.algebra import format_q
-from qlint.core.blocks import Block as StreamBlock
+from qlint.core.blocks import StreamBlock
 from qlint.core.engine import Analysis, source_of
 from qlint.core.graph import module_path
 from qlint.core.propagate import leading
 from qlint.core.results import Finding
 from qlint.lint.branch_scale import branch_scales
-from qlint.lint.rule import checker, rule
+from qlint.lint.rule import Rule, checker
 from qlint.lint.graph_queries import (common_path, is_normalizer, normalised_input, once_per_graph, stacks,
                                      uses_running_stats)
 
@@ -72,7 +72,8 @@ class DeepNorm:
     def correct(self) -> bool:
         """alpha, and beta where the weights can be read, within their tolerances in log scale."""
         alpha_ok = abs(math.log(self.alpha / self.alpha_expected)) <= ALPHA_TOLERANCE
-        beta_ok = self.beta is None or (self.beta > 0 and abs(math.log(self.beta / self.beta_expected)) <= BETA_TOLERANCE)
+        beta_ok = self.beta is None or (self.beta > 0
+                                        and abs(math.log(self.beta / self.beta_expected)) <= BETA_TOLERANCE)
         return alpha_ok and beta_ok
 
     def describe(self) -> dict[str, str]:
@@ -126,26 +127,26 @@ def deepnorm(analysis: Analysis) -> Optional[DeepNorm]:
 
 
 @checker("QL202")
-def post_ln_stack(analysis: Analysis) -> Iterable[Finding]:
+def post_ln_stack(analysis: Analysis, rule: Rule) -> Iterable[Finding]:
     """Once per stack (an encoder-decoder's encoder and decoder are two); a DeepNorm stack is QL206's."""
     deep = {id(blocks[0]) for blocks, _ in deepnorm_stacks(analysis)}
     for blocks in stacks(analysis):
         post = _post(blocks)
         if len(post) >= 2 and id(post[0]) not in deep:
             stack = _stack_name(post, analysis)
-            yield rule("QL202").finding(stack, source_of(post[0].join), stack=stack, count=len(post))
+            yield rule.finding(stack, source_of(post[0].join), stack=stack, count=len(post))
 
 
 @checker("QL206")
-def deepnorm_constants(analysis: Analysis) -> Iterable[Finding]:
+def deepnorm_constants(analysis: Analysis, rule: Rule) -> Iterable[Finding]:
     for post, found in deepnorm_stacks(analysis):
         if found.correct:
             continue
         stack = _stack_name(post, analysis)
         beta = "unknown (weights not readable)" if found.beta is None else f"{found.beta:.2f}"
-        yield rule("QL206").finding(stack, source_of(post[0].join), stack=stack, count=found.sublayers,
-                                    alpha=f"{found.alpha:.3g}", alpha_expected=f"{found.alpha_expected:.3g}",
-                                    beta=beta, beta_expected=f"{found.beta_expected:.2f}", **found.describe())
+        yield rule.finding(stack, source_of(post[0].join), stack=stack, count=found.sublayers,
+                           alpha=f"{found.alpha:.3g}", alpha_expected=f"{found.alpha_expected:.3g}",
+                           beta=beta, beta_expected=f"{found.beta_expected:.2f}", **found.describe())
 
 
 # --- QL203 ------------------------------------------------------------------------------------
@@ -159,7 +160,7 @@ def pre_norm(block: StreamBlock) -> bool:
 
 
 @checker("QL203")
-def missing_final_norm(analysis: Analysis) -> Iterable[Finding]:
+def missing_final_norm(analysis: Analysis, rule: Rule) -> Iterable[Finding]:
     for stack in stacks(analysis):
         blocks = [b for b in stack if pre_norm(b)]
         if len(blocks) < 2:
@@ -167,7 +168,7 @@ def missing_final_norm(analysis: Analysis) -> Iterable[Finding]:
         last = max(blocks, key=lambda b: analysis.graph.order[b.join])
         if _reaches_output_unnormalised(last.join, analysis):
             name = _stack_name(blocks, analysis)
-            yield rule("QL203").finding(name, source_of(last.join), stack=name, count=len(blocks), last=last.name)
+            yield rule.finding(name, source_of(last.join), stack=name, count=len(blocks), last=last.name)
 
 
 def _reaches_output_unnormalised(node, analysis: Analysis) -> bool:
@@ -194,7 +195,7 @@ def _stack_name(blocks: list[StreamBlock], analysis: Analysis) -> str:
 
 
 @checker("QL204")
-def unscaled_deep_residual(analysis: Analysis) -> Iterable[Finding]:
+def unscaled_deep_residual(analysis: Analysis, rule: Rule) -> Iterable[Finding]:
     """Once per deep stack. A DeepNorm stack is QL206's: its branches' init is checked against DeepNet's
     own beta for the stack's role, which in an encoder-decoder's encoder is above N^(-1/4) (0.87 (N^4
     M)^(-1/16)); a missing beta is reported there."""
@@ -208,16 +209,16 @@ def unscaled_deep_residual(analysis: Analysis) -> Iterable[Finding]:
             continue
         first = unscaled[0]
         name = _stack_name(blocks, analysis)
-        yield rule("QL204").finding(name, source_of(analysis.block(first.block).join), stack=name, unscaled=len(unscaled),
-                                    count=len(blocks), limit=f"{first.limit:.2f}", expected=f"{first.expected:.2f}",
-                                    first=first.block, scale=f"{first.relative_std:.2f}")
+        yield rule.finding(name, source_of(analysis.block(first.block).join), stack=name, unscaled=len(unscaled),
+                           count=len(blocks), limit=f"{first.limit:.2f}", expected=f"{first.expected:.2f}",
+                           first=first.block, scale=f"{first.relative_std:.2f}")
 
 
 # --- QL205 ------------------------------------------------------------------------------------
 
 
 @checker("QL205")
-def batchnorm_eval(analysis: Analysis) -> Iterable[Finding]:
+def batchnorm_eval(analysis: Analysis, rule: Rule) -> Iterable[Finding]:
     if analysis.report.mode != "eval":
         return
     for residual, block in zip(analysis.stream.blocks, analysis.report.blocks):
@@ -227,7 +228,7 @@ def batchnorm_eval(analysis: Analysis) -> Iterable[Finding]:
         affine = [module_path(node) or str(node.target) for node in residual.region
                   if uses_running_stats(node) and _carries_signal(env.get(node))]
         if affine:
-            yield rule("QL205").finding(block.name, block.source, name=block.name, norm=affine[0], q=format_q(block.q))
+            yield rule.finding(block.name, block.source, name=block.name, norm=affine[0], q=format_q(block.q))
 
 
 def _carries_signal(value) -> bool:

@@ -1,14 +1,15 @@
 """A lint rule: its code, severity, message template, documentation and examples, read from TOML.
 
 Reading needs no torch (``qlint explain``, ``qlint rules`` and config validation are
-instant). Checkers register with :func:`checker` and make findings only through
-``rule(code).finding(...)``.
+instant). A checker names its code once, in ``@checker("QL101")``, and is handed its
+:class:`Rule`: it makes findings only through ``rule.finding(...)``.
 """
 
 from __future__ import annotations
 
 import textwrap
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Callable, Iterable, Optional
 
 from qlint.core.results import Finding, Severity, Source
@@ -35,6 +36,11 @@ class Rule:
     silent_on: tuple[str, ...] = ()
     produced_by: str = "check"  # "check" (qlint check) or the command that reports it ("probe --loop")
     source: str = ""
+
+    @property
+    def group(self) -> str:
+        """The group named by the rule's file, rules/checks/<group>.toml: its checker lives in qlint/lint/<group>.py."""
+        return Path(self.source).stem
 
     def finding(self, block: Optional[str] = None, source: Optional[Source] = None, *,
                 related: Iterable[Optional[Source]] = (), **fields: Any) -> Finding:
@@ -99,7 +105,8 @@ def rules() -> dict[str, Rule]:
             for table in data.get("rule", []):
                 unknown = set(table) - _FIELDS
                 if unknown:
-                    raise ValueError(f"rules/checks/{path.name}: {table.get('code')} has unknown keys {sorted(unknown)}")
+                    raise ValueError(f"rules/checks/{path.name}: {table.get('code')} has unknown keys "
+                                     f"{sorted(unknown)}")
                 if table["code"] in found:
                     raise ValueError(f"rule {table['code']} is defined twice")
                 table = {**table, "source": f"rules/checks/{path.name}"}
@@ -111,19 +118,31 @@ def rules() -> dict[str, Rule]:
 
 
 def rule(code: str) -> Rule:
+    """The rule of ``code``, for findings made outside a checker (the probe's, an internal error)."""
     return rules()[code]
 
 
-Checker = Callable[[Any], Iterable[Finding]]
+Checker = Callable[[Any, Rule], Iterable[Finding]]
 CHECKERS: dict[str, Checker] = {}
 
 
 def checker(code: str) -> Callable[[Checker], Checker]:
-    """Register the function ``(analysis) -> findings`` that implements rule ``code``."""
+    """Register the function ``(analysis, rule) -> findings`` that implements rule ``code``.
+
+    The code is written here only: the checker is handed its :class:`Rule` and makes its
+    findings with ``rule.finding(...)``. It must live in ``qlint/lint/<group>.py`` of its
+    rule's ``rules/checks/<group>.toml``, the modules :func:`qlint.lint.load_checkers` imports.
+    """
 
     def register(fn: Checker) -> Checker:
+        where = f"{fn.__module__}.{fn.__qualname__}"
         if code not in rules():
-            raise ValueError(f"checker for undefined rule {code}")
+            raise ValueError(f"checker {where} implements {code}, which no [[rule]] table in rules/checks/*.toml "
+                             f"defines: add one (code, name, severity, message, docs, fires_on, silent_on)")
+        home = f"{__package__}.{rules()[code].group}"
+        if fn.__module__ != home:
+            raise ValueError(f"checker {where} implements {code} of {rules()[code].source}: "
+                             f"move it to {home} (the modules load_checkers imports)")
         CHECKERS[code] = fn
         return fn
 

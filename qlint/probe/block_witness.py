@@ -11,9 +11,10 @@ measurements look for such a contradiction, in float64 where the code runs so:
   example's norm, along the witness's directions (random, constant and alternating rows, one
   entry: :func:`qlint.probe.witness.directions`), for the parameters as built and redrawn
   (zero-initialised ones become nonzero). Redrawn parameters that overflow the dtype at the
-  example itself (exp of a gate, in float32) say nothing of growth: that setting is not measured. This measures the model, not the graph: a branch on
-  the dtype, a tensor subclass, a path the trace did not take all show here. It needs a
-  floating input to scale (token ids cannot be); the other inputs keep their example values.
+  example itself (exp of a gate, in float32) say nothing of growth: that setting is not measured.
+  This measures the model, not the graph: a branch on the dtype, a tensor subclass, a path the
+  trace did not take all show here. It needs a floating input to scale (token ids cannot be);
+  the other inputs keep their example values.
 * **Each certified block**, on the traced graph: its region re-run with X_k := s·d, everything
   else as recorded (:class:`~qlint.probe.measure.VelocityField`), the same scales, directions
   and parameter settings. This tells *which* block a contradiction is in.
@@ -42,12 +43,13 @@ import torch
 from qlint.core.engine import Analysis
 from qlint.core.graph import facts
 from qlint.core.trace import tensor_outputs
-from qlint.probe.measure import Trajectory, VelocityField, log_norm
+from qlint.probe.measure import Trajectory, VelocityField
+from qlint.probe.spectral import log_norm
 from qlint.probe.witness import AS_BUILT, directions, redraw
 
 SCALES = [10.0 ** (4 + k / 2) for k in range(5)]  # 1e4 .. 1e6, two a decade
 LATER = [10.0 ** (6 + k / 2) for k in range(1, 5)]  # to 1e8, where the growth measured is slowing down
-BLOCK_DIRECTIONS = 3  # random, constant rows, alternating signs: per block (the model's output gets every quick direction)
+BLOCK_DIRECTIONS = 3  # random, constant rows, alternating signs: per block (the model's output: every quick direction)
 WIDE_LIMIT = 20_000_000  # parameters up to which the graph is copied to float64 (a larger one is measured in its dtype)
 MARGIN = 0.25  # a refuting slope exceeds the threshold by this much in each of the last two decades
 NEGLIGIBLE = 1e-6  # ... and the value at the largest scale exceeds this fraction of the input's norm there
@@ -84,8 +86,8 @@ class Witnessed:
         text = "; ".join(parts) + " (parameters as built and redrawn, inputs up to 1e6 x the example's): "
         text += f"{len(self.refuted)} refuted" if self.refuted else "none refuted"
         if self.unmeasured:
-            text += f"; {len(self.unmeasured)} block(s) not measured within the time budget ({', '.join(self.unmeasured[:3])}" \
-                    f"{', ...' if len(self.unmeasured) > 3 else ''})"
+            text += (f"; {len(self.unmeasured)} block(s) not measured within the time budget "
+                     f"({', '.join(self.unmeasured[:3])}{', ...' if len(self.unmeasured) > 3 else ''})")
         return text
 
 
@@ -133,7 +135,8 @@ def witness(analysis: Analysis, budget: float = DEFAULT_BUDGET) -> Witnessed:
             if refutation is None:
                 continue
             if held := sorted(n.name for n in declared & residual.region_set):
-                refutation += f" (the block holds declared primitive(s) {', '.join(held)}: a declaration may be what fails)"
+                refutation += (f" (the block holds declared primitive(s) {', '.join(held)}: "
+                               "a declaration may be what fails)")
             result.refuted.append(Refutation(block.name, refutation))
             block.status = "uncertified"
             block.extra["witness"] = refutation
@@ -144,7 +147,8 @@ def witness(analysis: Analysis, budget: float = DEFAULT_BUDGET) -> Witnessed:
 def _unmeasurable(analysis: Analysis) -> str:
     if analysis.inputs is None:
         return "no example inputs"
-    tensors = [*analysis.model.parameters(), *analysis.model.buffers(), *(x for x in analysis.inputs if isinstance(x, torch.Tensor))]
+    inputs = [x for x in analysis.inputs if isinstance(x, torch.Tensor)]
+    tensors = [*analysis.model.parameters(), *analysis.model.buffers(), *inputs]
     if any(t.is_meta for t in tensors):
         return "the weights are on the meta device (no values to measure)"
     return ""
@@ -206,15 +210,16 @@ def _trajectory(analysis: Analysis, module: torch.nn.Module, inputs: tuple,
         return None
     # the copy's nodes are new objects: the same names; its ops run against the copy's attributes
     original = {node.name: node for node in analysis.traced.module.graph.nodes}
-    trajectory.values = {original[node.name]: value for node, value in trajectory.values.items() if node.name in original}
+    trajectory.values = {original[node.name]: value for node, value in trajectory.values.items()
+                         if node.name in original}
     return trajectory
 
 
 def _eager_model(analysis: Analysis, threshold: float) -> tuple[str, Optional[str]]:
     """Measure the eager model's output along its first floating input: (what was measured, a refutation)."""
     inputs = analysis.inputs
-    index = next((i for i, x in enumerate(inputs) if isinstance(x, torch.Tensor) and (x.is_floating_point() or x.is_complex())
-                  and x.numel()), None)
+    index = next((i for i, x in enumerate(inputs)
+                  if isinstance(x, torch.Tensor) and (x.is_floating_point() or x.is_complex()) and x.numel()), None)
     if index is None:
         return "", None
     model = _copy(analysis.model)
@@ -235,7 +240,8 @@ def _eager_model(analysis: Analysis, threshold: float) -> tuple[str, Optional[st
         if perturb is not None:
             with torch.no_grad():
                 perturb(model)
-        refutation = _refute(at, x, threshold, f"the eager model's output, parameters {name}", drawn=perturb is not None)
+        refutation = _refute(at, x, threshold, f"the eager model's output, parameters {name}",
+                             drawn=perturb is not None)
         if refutation is not None:
             return f"the eager model ({dtype}) along input {index}", refutation
     return f"the eager model ({dtype}) along input {index}", None

@@ -21,7 +21,7 @@ from typing import Optional, Sequence
 
 import torch
 
-FORMATS = ("float16", "bfloat16", "float32")
+FLOAT_FORMATS = ("float16", "bfloat16", "float32")  # the dtypes whose overflow depth is reported
 MAX_STEPS = 1_000_000  # the q > 1 recursion is followed block by block up to this depth
 
 
@@ -185,11 +185,11 @@ def stack_bounds(
     missing = [name for name, block in zip(names, constants) if block is None]
     known = [block for block in constants if block is not None]
     if missing:
-        forward, rule, depths = None, "", {name: None for name in FORMATS}
+        forward, rule, depths = None, "", {name: None for name in FLOAT_FORMATS}
         note = f"no forward bound: {', '.join(missing)} has no finite exponent"
     else:
         forward, rule = forward_bound(x0_norm, known, dt)
-        depths = {name: overflow_depth(x0_norm, known, largest_finite(name), dt) for name in FORMATS}
+        depths = {name: overflow_depth(x0_norm, known, largest_finite(name), dt) for name in FLOAT_FORMATS}
         note = "" if math.isfinite(forward) else "the forward bound exceeds float64"
     if any(value is None for value in lipschitz):
         backward = backward_exp = None

@@ -13,7 +13,7 @@ alpha, ``lerp(x, v, w)``, ``addcmul``, ``torch.add(x, v, alpha=c)``, ``sum([x, v
 :func:`check` is the law: whenever qlint certifies a generated model, its eager float64
 velocity, measured by :mod:`qlint.probe.witness` along adversarial directions and under
 adversarial parameter values, is finite and grows at most linearly (and at most like
-the block's static q when there is one block). ``tests/test_differential.py`` runs it
+the block's static q when there is one block). ``tests/probe/test_differential.py`` runs it
 for a bounded number of examples in CI; ``bench/differential_long.py`` for minutes.
 """
 
@@ -127,7 +127,9 @@ UNARY: dict[str, tuple[Callable, tuple]] = {
     "topk_values": (lambda a: torch.topk(a, 2, -1).values.repeat(1, 1, D // 2), ()),
     "var_mean_first": (lambda a: torch.var_mean(a, -1, keepdim=True)[0].expand_as(a), ()),
     "split_cat": (lambda a: torch.cat(a.split(2, -1)[::-1], -1), ()),
-    "embedding_bag": (lambda a: F.embedding_bag(torch.arange(4).view(2, 2), a.reshape(-1, D), mode="sum")[:, None, :].expand_as(a), ()),
+    "embedding_bag": (
+        lambda a: F.embedding_bag(torch.arange(4).view(2, 2), a.reshape(-1, D), mode="sum")[:, None, :].expand_as(a), ()
+    ),
     # branches the example's grad mode or shape decides: the graph check must see the other path
     "grad_dispatch": (lambda a: a * a if a.requires_grad else a, ()),
     "grad_enabled_dispatch": (lambda a: a * a if torch.is_grad_enabled() else a, ()),
@@ -401,7 +403,8 @@ def check(example: Example, *, quick: bool = True) -> Outcome:
         bound = max(report.blocks[0].q, 0.0)
     if measured.nonfinite:
         bad = next(r for r in measured.rays if r.nonfinite_at is not None)
-        outcome.violation = f"certified, but v is not finite at scale {bad.nonfinite_at:.3g} ({bad.perturbation}, {bad.direction})"
+        outcome.violation = (f"certified, but v is not finite at scale {bad.nonfinite_at:.3g} "
+                             f"({bad.perturbation}, {bad.direction})")
     elif outcome.measured is not None and outcome.measured > bound + TOLERANCE:
         worst = measured.worst()
         where = f" ({worst.perturbation}, {worst.direction})" if worst else ""

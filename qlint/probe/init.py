@@ -33,8 +33,10 @@ GROWTH_BAND = (0.5, 2.0)  # one block multiplying an RMS by more (or less) is fl
 _LAYER_TYPES = (torch.nn.Linear, torch.nn.modules.conv._ConvNd)
 # torch.nn.init.calculate_gain's names for the activation that follows a layer (a vocabulary of
 # gains, finer than the registry's: GELU and SiLU are one growth entry but two gains)
-_ACTIVATION_MODULES = {"ReLU": "relu", "GELU": "gelu", "SiLU": "silu", "Tanh": "tanh", "Sigmoid": "sigmoid", "LeakyReLU": "leaky_relu", "SELU": "selu"}
-_ACTIVATION_OPS = {"relu": "relu", "relu_": "relu", "gelu": "gelu", "silu": "silu", "silu_": "silu", "tanh": "tanh", "sigmoid": "sigmoid", "leaky_relu": "leaky_relu", "selu": "selu"}
+_ACTIVATION_MODULES = {"ReLU": "relu", "GELU": "gelu", "SiLU": "silu", "Tanh": "tanh", "Sigmoid": "sigmoid",
+                       "LeakyReLU": "leaky_relu", "SELU": "selu"}
+_ACTIVATION_OPS = {"relu": "relu", "relu_": "relu", "gelu": "gelu", "silu": "silu", "silu_": "silu", "tanh": "tanh",
+                   "sigmoid": "sigmoid", "leaky_relu": "leaky_relu", "selu": "selu"}
 _CALCULATE_GAIN = {"linear", "relu", "leaky_relu", "tanh", "sigmoid", "selu"}
 
 
@@ -90,7 +92,8 @@ class InitDiagnostics:
 
     def to_dict(self) -> dict[str, Any]:
         return {
-            "stack": [{**asdict(layer), "growth": layer.growth, "grad_growth": layer.grad_growth} for layer in self.stack],
+            "stack": [{**asdict(layer), "growth": layer.growth, "grad_growth": layer.grad_growth}
+                      for layer in self.stack],
             "layers": [{**asdict(gain), "gain": gain.gain, "effective": gain.effective} for gain in self.gains],
             "branches": [{**asdict(branch), "scaled": branch.scaled} for branch in self.branches],
             "flags": list(self.flags),
@@ -107,9 +110,11 @@ def diagnose(analysis: Any, seed: int) -> InitDiagnostics:
     try:
         diagnostics.stack = _stack(analysis, seed)
     except RuntimeError as exc:  # a graph the autograd pass cannot replay (a train-mode in-place buffer update)
-        diagnostics.flags.append(f"the RMS pass through the stack could not run ({str(exc).splitlines()[0][:160]}): no stack figures")
+        reason = str(exc).splitlines()[0][:160]
+        diagnostics.flags.append(f"the RMS pass through the stack could not run ({reason}): no stack figures")
     layers = _layer_nodes(analysis.traced.module, analysis.model)
-    diagnostics.gains = [_gain(name, module, layers.get(name)) for name, module in analysis.model.named_modules() if isinstance(module, _LAYER_TYPES)]
+    diagnostics.gains = [_gain(name, module, layers.get(name)) for name, module in analysis.model.named_modules()
+                         if isinstance(module, _LAYER_TYPES)]
     diagnostics.branches = branch_scales(analysis)
     diagnostics.flags += _flags(diagnostics.stack)
     return diagnostics
@@ -137,16 +142,19 @@ def _stack(analysis: Any, seed: int) -> list[StackLayer]:
         for value in watched.values():
             if value.requires_grad and not value.is_leaf:
                 value.retain_grad()
-        outputs = [t for t in pytree.tree_leaves(output) if isinstance(t, torch.Tensor) and t.requires_grad and t.is_floating_point()]
+        outputs = [t for t in pytree.tree_leaves(output)
+                   if isinstance(t, torch.Tensor) and t.requires_grad and t.is_floating_point()]
         if outputs:
-            loss = sum((t * torch.randn(t.shape, generator=generator, dtype=t.dtype).to(t.device)).sum() for t in outputs)
+            loss = sum((t * torch.randn(t.shape, generator=generator, dtype=t.dtype).to(t.device)).sum()
+                       for t in outputs)
             loss.backward()  # type: ignore[union-attr]
 
     def grad_rms(node: fx.Node) -> Optional[float]:
         grad = watched[node].grad
         return rms(grad) if grad is not None else None
 
-    return [StackLayer(rb.name, rms(watched[rb.stream]), rms(watched[rb.join]), grad_rms(rb.stream), grad_rms(rb.join)) for rb in blocks]
+    return [StackLayer(rb.name, rms(watched[rb.stream]), rms(watched[rb.join]), grad_rms(rb.stream), grad_rms(rb.join))
+            for rb in blocks]
 
 
 def _flags(stack: list[StackLayer]) -> list[str]:

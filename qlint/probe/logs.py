@@ -85,7 +85,8 @@ class AttentionLog:
     source: Optional[Source] = None
 
     def to_dict(self) -> dict[str, Any]:
-        return {"name": self.name, "max_logit": significant(self.max_logit), "normalised_entropy": significant(self.entropy), "keys": self.keys}
+        return {"name": self.name, "max_logit": significant(self.max_logit),
+                "normalised_entropy": significant(self.entropy), "keys": self.keys}
 
 
 @dataclass
@@ -105,8 +106,8 @@ class SpreadLog:
         return self.min_spread / self.rms if self.rms else math.inf
 
     def to_dict(self) -> dict[str, Any]:
-        return {"name": self.name, "statistic": self.statistic, "min_spread": significant(self.min_spread), "token": list(self.token),
-                "rms": significant(self.rms), "ratio": significant(self.ratio)}
+        return {"name": self.name, "statistic": self.statistic, "min_spread": significant(self.min_spread),
+                "token": list(self.token), "rms": significant(self.rms), "ratio": significant(self.ratio)}
 
 
 @dataclass
@@ -120,7 +121,8 @@ class CarryLog:
     source: Optional[Source] = None
 
     def to_dict(self) -> dict[str, Any]:
-        return {"loop": self.path, "max": significant(self.max), "mean": significant(self.mean), "channels": self.channels}
+        return {"loop": self.path, "max": significant(self.max), "mean": significant(self.mean),
+                "channels": self.channels}
 
 
 @dataclass
@@ -151,7 +153,8 @@ class StreamGrowth:
 
     def to_dict(self) -> dict[str, Any]:
         crossing = self.crossing
-        return {"blocks": len(self.blocks), "ratios": {name: significant(r) for name, r in zip(self.blocks, self.ratios)},
+        return {"blocks": len(self.blocks),
+                "ratios": {name: significant(r) for name, r in zip(self.blocks, self.ratios)},
                 "final": significant(self.final), "threshold": significant(self.threshold(len(self.blocks))),
                 "crossing": None if crossing is None else self.blocks[crossing]}
 
@@ -210,7 +213,8 @@ def _sdpa_weights(node: fx.Node, values: dict) -> Optional[tuple[torch.Tensor, t
         key = key.repeat_interleave(query.size(-3) // key.size(-3), -3)
     logits = query @ key.transpose(-2, -1) * (1 / math.sqrt(query.size(-1)) if scale is None else scale)
     if value("is_causal", False):
-        logits = logits.masked_fill(~torch.ones(logits.shape[-2:], dtype=torch.bool, device=logits.device).tril(), -math.inf)
+        causal = torch.ones(logits.shape[-2:], dtype=torch.bool, device=logits.device).tril()
+        logits = logits.masked_fill(~causal, -math.inf)
     if isinstance(mask, torch.Tensor):
         logits = logits.masked_fill(~mask, -math.inf) if mask.dtype == torch.bool else logits + mask
     return logits, logits.softmax(-1)
@@ -219,7 +223,8 @@ def _sdpa_weights(node: fx.Node, values: dict) -> Optional[tuple[torch.Tensor, t
 def _softmax_weights(node: fx.Node, values: dict) -> Optional[tuple[torch.Tensor, torch.Tensor]]:
     """A softmax's input and output on the trajectory, the softmax axis moved last."""
     logits, probs = values.get(argument(node, "input")), values.get(node)
-    if not isinstance(logits, torch.Tensor) or not isinstance(probs, torch.Tensor) or logits.shape != probs.shape or logits.dim() == 0:
+    if (not isinstance(logits, torch.Tensor) or not isinstance(probs, torch.Tensor)
+            or logits.shape != probs.shape or logits.dim() == 0):
         return None
     if op_name(node) == "softmin":  # softmin(x) = softmax(-x): its logits are -x
         logits = -logits
@@ -274,7 +279,8 @@ def _spread_input(node: fx.Node, values: dict) -> Optional[tuple[str, torch.Tens
     # and the factor's shape tells whether the statistic is per token over the last axis
     raw = normalised_input(node)
     operands = [argument(node, "input"), argument(node, "other")]
-    divisor = operands[1] if op(node) == "div" else next((a for a in operands if isinstance(a, fx.Node) and strip(a) is not relation.numerator), None)
+    divisor = operands[1] if op(node) == "div" else next(
+        (a for a in operands if isinstance(a, fx.Node) and strip(a) is not relation.numerator), None)
     x, numerator, factor = values.get(raw), values.get(relation.numerator), values.get(divisor)
     if not (isinstance(x, torch.Tensor) and isinstance(numerator, torch.Tensor) and isinstance(factor, torch.Tensor)):
         return None
@@ -320,14 +326,17 @@ def carry_logs(analysis: Analysis, trajectory: Trajectory) -> list[CarryLog]:
         if value is None or value.numel() == 0:
             continue
         magnitude = value.detach().double().abs()
-        logs.append(CarryLog(loop.path, float(magnitude.max()), float(magnitude.mean()), magnitude.numel(), source_of(loop.step.root)))
+        logs.append(CarryLog(loop.path, float(magnitude.max()), float(magnitude.mean()), magnitude.numel(),
+                             source_of(loop.step.root)))
     return logs
 
 
 # --- the residual stream ------------------------------------------------------------------
 
 
-def stream_growth(stack: list[StackLayer], joins: Optional[dict[str, Optional[Source]]] = None) -> Optional[StreamGrowth]:
+def stream_growth(
+    stack: list[StackLayer], joins: Optional[dict[str, Optional[Source]]] = None
+) -> Optional[StreamGrowth]:
     """Each block's output RMS over the first block's output RMS, from the init diagnostics;
     ``joins``: the source line of each block's residual sum, by block name."""
     if not stack or not stack[0].rms_out:
@@ -369,14 +378,16 @@ def findings(logs: InitLogs) -> list[Finding]:
     """One finding per attention, normalization and loop past its threshold, and one for the stream."""
     found = []
     for log, calls in _worst(logs.attentions, lambda log: -log.max_logit, lambda log: log.max_logit > MAX_LOGIT):
-        found.append(rule("QL401").finding(log.path, log.source, path=log.path, value=log.max_logit, threshold=MAX_LOGIT, calls=_calls(calls)))
+        found.append(rule("QL401").finding(log.path, log.source, path=log.path, value=log.max_logit,
+                                           threshold=MAX_LOGIT, calls=_calls(calls)))
     entropies = [log for log in logs.attentions if log.entropy is not None]
     for log, calls in _worst(entropies, lambda log: log.entropy, lambda log: log.entropy < ENTROPY_FLOOR):
-        found.append(rule("QL402").finding(log.path, log.source, path=log.path, value=log.entropy, threshold=ENTROPY_FLOOR,
-                                           keys=log.keys, calls=_calls(calls)))
+        found.append(rule("QL402").finding(log.path, log.source, path=log.path, value=log.entropy,
+                                           threshold=ENTROPY_FLOOR, keys=log.keys, calls=_calls(calls)))
     for log, calls in _worst(logs.spreads, lambda log: log.ratio, lambda log: log.ratio < SPREAD_FLOOR):
-        found.append(rule("QL403").finding(log.path, log.source, path=log.path, statistic=log.statistic, spread=log.min_spread,
-                                           token=log.token, rms=log.rms, ratio=log.ratio, gain=1 / log.ratio if log.ratio else math.inf,
+        found.append(rule("QL403").finding(log.path, log.source, path=log.path, statistic=log.statistic,
+                                           spread=log.min_spread, token=log.token, rms=log.rms, ratio=log.ratio,
+                                           gain=1 / log.ratio if log.ratio else math.inf,
                                            threshold=SPREAD_FLOOR, calls=_calls(calls)))
     for log in logs.carries:
         if log.max >= CARRY_CEILING:
@@ -386,16 +397,18 @@ def findings(logs: InitLogs) -> list[Finding]:
     if stream is not None and stream.final > stream.threshold(len(stream.blocks)):
         k = stream.crossing
         assert k is not None  # the last block crosses if no earlier one does
-        found.append(rule("QL405").finding(stream.blocks[k], stream.sources[k], ratio=stream.final, depth=len(stream.blocks),
-                                           threshold=stream.threshold(len(stream.blocks)), where=stream.blocks[k], k=k + 1,
-                                           at=stream.ratios[k], bound=stream.threshold(k + 1)))
+        found.append(rule("QL405").finding(stream.blocks[k], stream.sources[k], ratio=stream.final,
+                                           depth=len(stream.blocks), threshold=stream.threshold(len(stream.blocks)),
+                                           where=stream.blocks[k], k=k + 1, at=stream.ratios[k],
+                                           bound=stream.threshold(k + 1)))
     return found
 
 
 def measure(analysis: Analysis, trajectory: Trajectory, stack: list[StackLayer]) -> InitLogs:
     """Every log on one recorded forward pass, and the findings past the thresholds."""
-    logs = InitLogs(attention_logs(analysis, trajectory), spread_logs(analysis, trajectory), carry_logs(analysis, trajectory),
-                    stream_growth(stack, {block.name: source_of(block.join) for block in analysis.stream.blocks}))
+    joins = {block.name: source_of(block.join) for block in analysis.stream.blocks}
+    logs = InitLogs(attention_logs(analysis, trajectory), spread_logs(analysis, trajectory),
+                    carry_logs(analysis, trajectory), stream_growth(stack, joins))
     logs.findings = findings(logs)
     return logs
 

@@ -12,7 +12,7 @@ point is not the one that decides), then at the final h
   ||J_G||_2; the gap between them measures non-normality (003, Table 3: at low
   carry ||J_G||_2 > 1 while rho_spec < 1). A state of up to ``dense_limit`` entries
   gets its dense Jacobian decomposed exactly; a larger one Arnoldi on JVPs, each
-  figure with its error bar (:mod:`qlint.probe.measure`);
+  figure with its error bar (:mod:`qlint.probe.spectral`);
 * the smallest per-token spread (standard deviation over channels) of the input of
   the block's first normalization: LayerNorm's Jacobian is bounded by gamma / s(x),
   so an imploding token spikes the loop's gain (003, Section 6).
@@ -39,17 +39,8 @@ from qlint.core.results import Finding
 from qlint.lint.rule import rule
 from qlint.lint.graph_queries import argument, is_normalizer
 from qlint.lint.looped import Loop, carry_value, cone, find_loops
-from qlint.probe.measure import (
-    Estimate,
-    ProbeError,
-    Trajectory,
-    arnoldi_spectral_radius,
-    dense_spectrum,
-    lanczos_operator_norm,
-    significant,
-    stable_norm,
-    trace_float64,
-)
+from qlint.probe.measure import ProbeError, Trajectory, significant, trace_float64
+from qlint.probe.spectral import Estimate, arnoldi_spectral_radius, dense_spectrum, lanczos_operator_norm, stable_norm
 
 
 @dataclass(frozen=True)
@@ -107,7 +98,7 @@ class LoopProbe:
     residuals: list[float]  # relative ||G(h) - h|| / ||h|| per probe iteration
     orbit: str  # "settled", "converging", "growing", "bounded orbit" or "diverging" (see :func:`iterate`)
     rho_spec: Optional[float] = None  # of J_G at the final iterate: the fixed point only when it was reached
-    rho_spec_error: Optional[float] = None  # of the decomposition at that iterate; 0.0 on the dense path (exact up to round-off)
+    rho_spec_error: Optional[float] = None  # at that iterate; 0.0 on the dense path (exact up to round-off)
     operator_norm: Optional[float] = None
     operator_norm_error: Optional[float] = None
     method: str = ""  # "dense" or "arnoldi"
@@ -235,14 +226,18 @@ def _carry_rho(loop: Loop, trajectory: Trajectory) -> Optional[float]:
 
 
 def jacobian_spectrum(loop_map: LoopMap, h: torch.Tensor, settings: LoopSettings) -> tuple[Estimate, Estimate]:
-    """rho_spec(J_G) and ||J_G||_2 at h: exact from the dense Jacobian for a small state, else Arnoldi with error bars."""
+    """rho_spec(J_G) and ||J_G||_2 at h: exact from the dense Jacobian for a small state, else Arnoldi with
+    error bars."""
     if h.numel() <= settings.dense_limit:
         return dense_spectrum(loop_map, h)
-    krylov = {"dimension": settings.krylov_dimension, "cycles": settings.krylov_cycles, "tolerance": settings.krylov_tolerance, "seed": settings.seed}
+    krylov = {"dimension": settings.krylov_dimension, "cycles": settings.krylov_cycles,
+              "tolerance": settings.krylov_tolerance, "seed": settings.seed}
     return arnoldi_spectral_radius(loop_map, h, **krylov), lanczos_operator_norm(loop_map, h, **krylov)
 
 
-def probe_loop(analysis: Analysis, trajectory: Trajectory, loop: Loop, settings: LoopSettings = LoopSettings()) -> LoopProbe:
+def probe_loop(
+    analysis: Analysis, trajectory: Trajectory, loop: Loop, settings: LoopSettings = LoopSettings()
+) -> LoopProbe:
     """Iterate one loop to its fixed point and measure its Jacobian there."""
     loop_map = LoopMap(trajectory, loop)
     h, residuals, orbit = iterate(loop_map, settings)
@@ -252,7 +247,8 @@ def probe_loop(analysis: Analysis, trajectory: Trajectory, loop: Loop, settings:
         result.rho_spec, result.rho_spec_error = radius.value, radius.error
         result.operator_norm, result.operator_norm_error = norm.value, norm.error
         result.method = radius.method
-        result.jacobian = f"exact ({radius.detail})" if radius.method == "dense" else f"Arnoldi: ρ_spec {radius.detail}, ‖J_G‖₂ {norm.detail}"
+        result.jacobian = (f"exact ({radius.detail})" if radius.method == "dense"
+                           else f"Arnoldi: ρ_spec {radius.detail}, ‖J_G‖₂ {norm.detail}")
         result.min_spread, result.spread_at = min_token_spread(loop_map, h, analysis)
     result.verdict = _verdict(result, settings)
     result.findings = list(_findings(result, loop, settings))
@@ -260,7 +256,8 @@ def probe_loop(analysis: Analysis, trajectory: Trajectory, loop: Loop, settings:
 
 
 def _verdict(result: LoopProbe, settings: LoopSettings) -> str:
-    """At the fixed point: thin or sufficient when the margin's error bar lies on one side of the threshold, else undecided."""
+    """At the fixed point: thin or sufficient when the margin's error bar lies on one side of the threshold,
+    else undecided."""
     if not result.fixed_point_reached:
         return "not yet at the fixed point" if result.settles else "no fixed point reached"
     if result.margin is None:
@@ -280,11 +277,14 @@ def _findings(result: LoopProbe, loop: Loop, settings: LoopSettings) -> Iterable
             "diverging": "diverges",
             "growing": f"keeps growing (relative residual {last:.2g})",
         }.get(result.orbit, f"stays on a bounded orbit (relative residual {last:.2g})")
-        yield rule("QL305").finding(result.path, source, message=f"{where} does not settle after {len(result.residuals)} iterations: it {detail}")
+        yield rule("QL305").finding(result.path, source, message=(
+            f"{where} does not settle after {len(result.residuals)} iterations: it {detail}"))
     elif not result.fixed_point_reached:
         yield rule("QL304").finding(result.path, source, message=(
-            f"{where}: not yet at the fixed point after {len(result.residuals)} iterations (relative residual {last:.2g}, "
-            f"still shrinking), so no verdict on the spectral margin; at the last iterate rho_spec = {_plus_minus(result.rho_spec, result.rho_spec_error)}"))
+            f"{where}: not yet at the fixed point after {len(result.residuals)} iterations "
+            f"(relative residual {last:.2g}, still shrinking), so no verdict on the spectral margin; "
+            "at the last iterate "
+            f"rho_spec = {_plus_minus(result.rho_spec, result.rho_spec_error)}"))
     elif result.verdict in ("thin", "undecided"):
         judged = (f"= {result.margin:.3g} < {settings.thin_margin:g}" if result.verdict == "thin" else
                   f"= {_plus_minus(result.margin, result.rho_spec_error)}, not shown >= {settings.thin_margin:g},")
@@ -323,7 +323,8 @@ def probe_loops(
 
 
 def as_json(results: dict[str, list[LoopProbe]]) -> dict[str, Any]:
-    return {"models": [{"spec": spec, "loops": [probe.to_dict() for probe in probes]} for spec, probes in results.items()]}
+    return {"models": [{"spec": spec, "loops": [probe.to_dict() for probe in probes]}
+                       for spec, probes in results.items()]}
 
 
 def print_loops(results: dict[str, list[LoopProbe]], console: Any = None) -> None:
@@ -352,7 +353,8 @@ def _rows(probe: LoopProbe) -> list[tuple[str, str]]:
     shown = sorted({0, *(len(probe.residuals) * k // 5 for k in range(1, 5)), len(probe.residuals) - 1})
     trail = " → ".join(f"{probe.residuals[i]:.0e}" for i in shown if i < len(probe.residuals))
     reached = "reached" if probe.fixed_point_reached else "not reached"
-    margin = f"{_fmt(probe.margin)} (spectral margin: {probe.verdict})" if probe.fixed_point_reached else f"{probe.verdict}: no verdict"
+    margin = (f"{_fmt(probe.margin)} (spectral margin: {probe.verdict})" if probe.fixed_point_reached
+              else f"{probe.verdict}: no verdict")
     return [
         ("form", f"{probe.form}, {probe.iterations} iterations in the model"),
         ("carry ρ(Ā)", _fmt(probe.carry_rho)),

@@ -10,9 +10,9 @@ in the sampled directions.
 
 From the same samples the probe estimates each block's constants c_k, b_k and, by
 power iteration on Jacobian-vector products, the operator norm L_k of the velocity
-Jacobian on the example trajectory; :mod:`qlint.probe.bounds` turns them into the
-paper's forward and backward bounds and overflow depths, :mod:`qlint.probe.init`
-adds the initialization diagnostics.
+Jacobian on the example trajectory (the linear algebra is :mod:`qlint.probe.spectral`'s);
+:mod:`qlint.probe.bounds` turns them into the paper's forward and backward bounds and
+overflow depths, :mod:`qlint.probe.init` adds the initialization diagnostics.
 """
 
 from __future__ import annotations
@@ -21,7 +21,6 @@ import copy
 import math
 import statistics
 import time
-import warnings
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable, Iterator, Optional
 
@@ -29,7 +28,7 @@ import torch
 import torch.fx as fx
 
 from qlint.analysis import Options, run
-from qlint.core.blocks import Block as ResidualBlock
+from qlint.core.blocks import StreamBlock
 from qlint.core.engine import Analysis
 from qlint.core.errors import QlintError
 from qlint.core.graph import run_cone
@@ -37,6 +36,7 @@ from qlint.core.results import ModelReport, Report
 from qlint.core.trace import non_finite_parameters, tensor_outputs
 from qlint.probe import bounds as probe_bounds
 from qlint.probe import init as probe_init
+from qlint.probe.spectral import least_squares_slope, log_norm, operator_norm, stable_norm
 from qlint.probe.witness import AS_BUILT, directions, perturbations
 
 TOLERANCE = 0.05  # absolute, on exponents: |measured - static| within it counts as equal
@@ -70,33 +70,6 @@ class ProbeSettings:
         return alpha >= 10.0 ** (self.highest_decade - self.fit_decades) * (1 - 1e-9)
 
 
-# --- overflow-safe norms --------------------------------------------------------------
-
-
-def log_norm(value: torch.Tensor) -> Optional[float]:
-    """log ||value||_2 computed as log(max|v|) + log||v / max|v|||, never overflowing.
-
-    -inf for a zero tensor, None when the tensor holds inf or nan (a failed sample).
-    """
-    value = value.detach().to(torch.float64)
-    if value.numel() == 0:
-        return -math.inf
-    if not bool(torch.isfinite(value).all()):
-        return None
-    peak = float(value.abs().max())
-    if peak == 0.0:
-        return -math.inf
-    return math.log(peak) + math.log(float((value / peak).norm()))
-
-
-def stable_norm(value: torch.Tensor) -> float:
-    """||value||_2 by :func:`log_norm` (inf when it exceeds float64, nan when not finite)."""
-    logarithm = log_norm(value)
-    if logarithm is None:
-        return math.nan
-    return math.exp(logarithm) if logarithm < 709.0 else math.inf
-
-
 # --- the velocity of one block as a function ------------------------------------------
 
 
@@ -120,7 +93,7 @@ class VelocityField:
     join it is the velocity F - id the static analysis bounds).
     """
 
-    def __init__(self, trajectory: Trajectory, block: ResidualBlock) -> None:
+    def __init__(self, trajectory: Trajectory, block: StreamBlock) -> None:
         self.block = block
         self.trajectory = trajectory
         self.interpreter = fx.Interpreter(trajectory.module, garbage_collect_values=False)
@@ -143,233 +116,6 @@ class VelocityField:
         return out - x if out.shape == x.shape else out
 
 
-# --- power iteration on Jacobian-vector products --------------------------------------
-
-
-def _unit_random(like: torch.Tensor, seed: int) -> torch.Tensor:
-    generator = torch.Generator().manual_seed(seed)
-    u = torch.randn(like.shape, generator=generator, dtype=like.dtype).to(like.device)
-    return u / u.norm()
-
-
-def _quiet_jvp_import() -> None:
-    """torch.func.jvp imports torch's JVP decompositions on first use, which call the deprecated
-    torch.jit.script and print a FutureWarning on every probe run: import them with it silenced."""
-    with warnings.catch_warnings():
-        warnings.filterwarnings("ignore", message="`torch.jit.script`", category=FutureWarning)
-        try:
-            import torch._decomp.decompositions_for_jvp  # noqa: F401
-        except ImportError:  # a torch without the module: nothing to silence
-            pass
-
-
-def operator_norm(fn: Callable[[torch.Tensor], torch.Tensor], x: torch.Tensor, iters: int = 20, seed: int = 0) -> float:
-    """||grad fn(x)||_2: power iteration on J^T J, one JVP and one VJP per step.
-
-    Returns ||J u|| for the last unit vector u, a lower estimate that converges to
-    the largest singular value.
-    """
-    _quiet_jvp_import()
-    u = _unit_random(x, seed)
-    _, pullback = torch.func.vjp(fn, x)
-    sigma = 0.0
-    for _ in range(iters):
-        _, ju = torch.func.jvp(fn, (x,), (u,))
-        sigma = stable_norm(ju)
-        if not 0.0 < sigma < math.inf:
-            return sigma
-        (jtju,) = pullback(ju)
-        length = stable_norm(jtju)
-        if not 0.0 < length < math.inf:
-            return sigma
-        u = jtju / length
-    return sigma
-
-
-# --- a Jacobian's spectral radius and norm: dense, or Arnoldi on JVPs -----------------
-
-
-@dataclass(frozen=True)
-class Estimate:
-    """A spectral quantity of a Jacobian, its error bar, and how it was found.
-
-    ``error`` is 0.0 for a dense decomposition (exact up to float64 round-off); for
-    Arnoldi it is the residual-based estimate its function documents, inf when the
-    iteration did not converge.
-    """
-
-    value: float
-    error: float
-    method: str  # "dense" or "arnoldi"
-    detail: str  # the matrix's size, or the Krylov cycles run
-
-
-def jacobian_matrix(fn: Callable[[torch.Tensor], torch.Tensor], x: torch.Tensor, chunk_entries: int = 1 << 20) -> torch.Tensor:
-    """d fn / d x at x as a dense matrix (n = x.numel() columns): forward-mode AD on the unit vectors.
-
-    The columns go through ``torch.func.vmap`` about ``chunk_entries / n`` at a time (memory
-    grows with the chunk); a function vmap cannot batch (a data-dependent or random op
-    in the graph) is differentiated one column at a time, n JVPs.
-    """
-    _quiet_jvp_import()
-    n = x.numel()
-    units = torch.eye(n, dtype=x.dtype, device=x.device).reshape(n, *x.shape)
-
-    def push(tangent: torch.Tensor) -> torch.Tensor:
-        return torch.func.jvp(fn, (x,), (tangent,))[1]
-
-    with torch.no_grad():
-        try:
-            columns = torch.func.vmap(push, chunk_size=max(1, chunk_entries // n))(units)
-        except (RuntimeError, NotImplementedError):
-            columns = torch.stack([push(unit) for unit in units])
-    return columns.reshape(n, -1).T
-
-
-def dense_spectrum(fn: Callable[[torch.Tensor], torch.Tensor], x: torch.Tensor) -> tuple[Estimate, Estimate]:
-    """rho(J) and ||J||_2 of the dense Jacobian by ``torch.linalg.eigvals`` / ``svdvals``: exact up to round-off."""
-    matrix = jacobian_matrix(fn, x)
-    detail = f"dense {matrix.shape[0]}×{matrix.shape[1]}"
-    if not bool(torch.isfinite(matrix).all()):
-        return Estimate(math.nan, math.nan, "dense", detail), Estimate(math.nan, math.nan, "dense", detail)
-    radius = float(torch.linalg.eigvals(matrix).abs().max())
-    return Estimate(radius, 0.0, "dense", detail), Estimate(float(torch.linalg.svdvals(matrix)[0]), 0.0, "dense", detail)
-
-
-def arnoldi(apply: Callable[[torch.Tensor], torch.Tensor], start: torch.Tensor, dimension: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """An orthonormal basis V of the Krylov space of ``apply`` from ``start``, and the Hessenberg H.
-
-    H has shape (k+1, k), k <= dimension, and ``apply(V[:, :k]) = V[:, :k] H[:k] + H[k, k-1]
-    v e_k^T`` with v the next basis vector. Modified Gram-Schmidt, run twice per vector
-    (once loses orthogonality as the space nearly closes). It stops early when the new
-    direction vanishes against ||apply(v)||: the space is then invariant, H[k, k-1] is
-    round-off and H[:k]'s eigenvalues are the operator's.
-    """
-    basis = start.new_zeros(start.numel(), dimension + 1)
-    hessenberg = start.new_zeros(dimension + 1, dimension)
-    basis[:, 0] = start / start.norm()
-    for j in range(dimension):
-        w = apply(basis[:, j])
-        size = w.norm()
-        for _ in range(2):
-            for i in range(j + 1):
-                overlap = basis[:, i] @ w
-                hessenberg[i, j] += overlap
-                w = w - overlap * basis[:, i]
-        hessenberg[j + 1, j] = w.norm()
-        if not hessenberg[j + 1, j] > 1e-12 * size:
-            return basis[:, : j + 1], hessenberg[: j + 2, : j + 1]
-        basis[:, j + 1] = w / hessenberg[j + 1, j]
-    return basis, hessenberg
-
-
-def _real_direction(z: torch.Tensor) -> torch.Tensor:
-    """A real vector in the span of a complex vector and its conjugate (a restart for real Arnoldi)."""
-    peak = z[z.abs().argmax()]
-    return (z * peak.conj() / peak.abs()).real
-
-
-def _round_off(square: torch.Tensor) -> float:
-    """The backward error of a k×k eigensolver, k eps ||H||_F: the floor under any residual."""
-    return square.shape[0] * torch.finfo(square.dtype).eps * float(torch.linalg.matrix_norm(square))
-
-
-def _dominant_ritz(hessenberg: torch.Tensor) -> tuple[float, torch.Tensor, float]:
-    """|theta| for H's largest-modulus eigenvalue theta, its unit eigenvector, and the error estimate kappa (residual + round-off)."""
-    k = hessenberg.shape[1]
-    square = hessenberg[:k, :k]
-    values, vectors = torch.linalg.eig(square)
-    index = int(values.abs().argmax())
-    y = vectors[:, index]
-    residual = float(hessenberg[k, k - 1].abs() * y[k - 1].abs())
-    try:  # rows of V^-1 are the left eigenvectors w with w^T y = 1, so kappa = ||w|| ||y|| = ||w||
-        condition = float(torch.linalg.inv(vectors)[index].norm())
-    except RuntimeError:  # a defective H: no first-order bound
-        condition = math.inf
-    return float(values[index].abs()), y, condition * (residual + _round_off(square))
-
-
-def _top_singular_ritz(hessenberg: torch.Tensor) -> tuple[float, torch.Tensor, float]:
-    """sqrt(theta) for the top eigenvalue theta of H from J^T J (symmetric up to round-off), its eigenvector, and its error bar."""
-    k = hessenberg.shape[1]
-    square = (hessenberg[:k, :k] + hessenberg[:k, :k].T) / 2
-    values, vectors = torch.linalg.eigh(square)
-    sigma = math.sqrt(max(float(values[-1]), 0.0))
-    residual = float(hessenberg[k, k - 1].abs() * vectors[k - 1, -1].abs()) + _round_off(square)
-    return sigma, vectors[:, -1], residual / sigma if sigma > 0 else math.sqrt(residual)
-
-
-def _restarted_arnoldi(
-    apply: Callable[[torch.Tensor], torch.Tensor],
-    start: torch.Tensor,
-    ritz: Callable[[torch.Tensor], tuple[float, torch.Tensor, float]],
-    *,
-    dimension: int,
-    cycles: int,
-    tolerance: float,
-    products: str,
-) -> Estimate:
-    """Arnoldi spaces rebuilt from the Ritz vector until ``ritz``'s error bar is below ``tolerance`` (relative).
-
-    When the cycles run out first, the figure is the last Ritz value, "not converged",
-    with an infinite error bar: far from normal, a Ritz value wanders by more than its
-    residual says, so a residual that has not come down bounds nothing.
-    """
-    with torch.no_grad():
-        for cycle in range(1, cycles + 1):
-            basis, hessenberg = arnoldi(apply, start, min(dimension, start.numel()))
-            k = hessenberg.shape[1]
-            if not bool(torch.isfinite(hessenberg).all()):
-                return Estimate(math.nan, math.nan, "arnoldi", f"{cycle}×{k} {products}, not finite")
-            value, vector, error = ritz(hessenberg)
-            if error <= tolerance * value:
-                return Estimate(value, error, "arnoldi", f"{cycle}×{k} {products}")
-            start = _real_direction(basis[:, :k].to(vector.dtype) @ vector)
-    return Estimate(value, math.inf, "arnoldi", f"{cycles}×{k} {products}, not converged")
-
-
-def arnoldi_spectral_radius(
-    fn: Callable[[torch.Tensor], torch.Tensor], x: torch.Tensor, *, dimension: int = 80, cycles: int = 10, tolerance: float = 1e-10, seed: int = 0
-) -> Estimate:
-    """rho(grad fn(x)) from JVPs: the largest modulus |theta| of the Ritz values of an Arnoldi space.
-
-    The error bar is kappa * ||J x - theta x|| (plus the eigensolver's round-off): theta is
-    an exact eigenvalue of a matrix within the Ritz residual of J, and kappa (theta's
-    condition number in H) turns that into the first-order bound on |lambda - theta|, so
-    on ||lambda| - |theta|| too. An estimate, not a certificate: it fails where J is so
-    far from normal that the eigenvalue itself is ill-posed (kappa in H under-reads
-    kappa in J), and an eigenvalue the Krylov space never saw is missed.
-    """
-    _quiet_jvp_import()
-
-    def apply(v: torch.Tensor) -> torch.Tensor:
-        return torch.func.jvp(fn, (x,), (v.reshape(x.shape),))[1].reshape(-1)
-
-    start = _unit_random(x, seed).reshape(-1)
-    return _restarted_arnoldi(apply, start, _dominant_ritz, dimension=dimension, cycles=cycles, tolerance=tolerance, products="JVPs")
-
-
-def lanczos_operator_norm(
-    fn: Callable[[torch.Tensor], torch.Tensor], x: torch.Tensor, *, dimension: int = 80, cycles: int = 10, tolerance: float = 1e-10, seed: int = 0
-) -> Estimate:
-    """||grad fn(x)||_2 from JVPs and VJPs: Arnoldi on J^T J, which is Lanczos with full reorthogonalization.
-
-    theta, the top Ritz value of the symmetric J^T J, is at most sigma_max^2, and some
-    eigenvalue sigma^2 lies within the residual r (plus the eigensolver's round-off) of
-    it, so |sigma - sqrt(theta)| <= r / sqrt(theta): the error bar (it assumes that
-    eigenvalue is the top one).
-    """
-    _quiet_jvp_import()
-    _, pullback = torch.func.vjp(fn, x)
-
-    def apply(v: torch.Tensor) -> torch.Tensor:
-        pushed = torch.func.jvp(fn, (x,), (v.reshape(x.shape),))[1]
-        return pullback(pushed)[0].reshape(-1)
-
-    start = _unit_random(x, seed).reshape(-1)
-    return _restarted_arnoldi(apply, start, _top_singular_ritz, dimension=dimension, cycles=cycles, tolerance=tolerance, products="JVP+VJPs")
-
-
 # --- the measured exponent ------------------------------------------------------------
 
 
@@ -387,8 +133,15 @@ class DirectionFit:
     perturbation: str = AS_BUILT  # the parameter values it was measured under
     source: str = "graph"  # "graph": the traced block; "eager": the model's own submodule
 
+    @property
+    def graph_as_built(self) -> bool:
+        """Measured on the traced block with the parameters as built: the setting the constants describe."""
+        return self.perturbation == AS_BUILT and self.source == "graph"
 
-def probe_directions(x: torch.Tensor, weights: list[torch.Tensor], settings: ProbeSettings, seed: int, *, random_count: int) -> list[tuple[str, torch.Tensor]]:
+
+def probe_directions(
+    x: torch.Tensor, weights: list[torch.Tensor], settings: ProbeSettings, seed: int, *, random_count: int
+) -> list[tuple[str, torch.Tensor]]:
     """Random directions and the witness's worst cases, each scaled to ||x||.
 
     The worst cases (constant and alternating rows, one entry nonzero or zero, equal rows,
@@ -402,7 +155,12 @@ def probe_directions(x: torch.Tensor, weights: list[torch.Tensor], settings: Pro
 
 
 def fit_direction(
-    field_: Callable[[torch.Tensor], torch.Tensor], label: str, x: torch.Tensor, settings: ProbeSettings, perturbation: str = AS_BUILT, source: str = "graph"
+    field_: Callable[[torch.Tensor], torch.Tensor],
+    label: str,
+    x: torch.Tensor,
+    settings: ProbeSettings,
+    perturbation: str = AS_BUILT,
+    source: str = "graph",
 ) -> DirectionFit:
     """Sample ||v(alpha x)|| over the grid and fit the slope over the top decades."""
     fit = DirectionFit(label, float(x.norm()), [], perturbation=perturbation, source=source)
@@ -422,20 +180,14 @@ def fit_direction(
         if len(zeros) < len(window):
             fit.failed.extend(zeros)
         return fit
-    fit.slope = _least_squares_slope(window)
+    fit.slope = least_squares_slope(window)
     step = settings.points_per_decade
     fit.decade_slopes = tuple(
-        (window[i + step][1] - window[i][1]) / (window[i + step][0] - window[i][0]) for i in range(0, len(window) - step, step)
+        (window[i + step][1] - window[i][1]) / (window[i + step][0] - window[i][0])
+        for i in range(0, len(window) - step, step)
     )
     return fit
 
-
-def _least_squares_slope(points: list[tuple[float, float]]) -> float:
-    mean_x = sum(p[0] for p in points) / len(points)
-    mean_y = sum(p[1] for p in points) / len(points)
-    covariance = sum((px - mean_x) * (py - mean_y) for px, py in points)
-    variance = sum((px - mean_x) ** 2 for px, _ in points)
-    return covariance / variance
 
 
 def estimate_constants(fits: list[DirectionFit], q: float, settings: ProbeSettings) -> tuple[float, float]:
@@ -445,7 +197,10 @@ def estimate_constants(fits: list[DirectionFit], q: float, settings: ProbeSettin
     bound is the constant b.
     """
     samples = [  # (alpha, log||x||, log||v||) of every finite, nonzero sample
-        (alpha, math.log(alpha * fit.norm), log_v) for fit in fits for alpha, log_v in fit.samples if log_v is not None and log_v > -math.inf
+        (alpha, math.log(alpha * fit.norm), log_v)
+        for fit in fits
+        for alpha, log_v in fit.samples
+        if log_v is not None and log_v > -math.inf
     ]
     if not samples:
         return 0.0, 0.0
@@ -485,7 +240,7 @@ class BlockProbe:
 
     @property
     def typical(self) -> list[DirectionFit]:
-        return [f for f in self.fits if f.perturbation == AS_BUILT and f.source == "graph" and f.label.startswith("random")]
+        return [f for f in self.fits if f.graph_as_built and f.label.startswith("random")]
 
     @property
     def slopes(self) -> list[float]:
@@ -518,7 +273,11 @@ class BlockProbe:
     @property
     def asymptotic(self) -> bool:
         """In every direction the last two decades agree: the fit window is asymptotic."""
-        return all(abs(fit.decade_slopes[-1] - fit.decade_slopes[-2]) <= self.tolerance for fit in self.fits if len(fit.decade_slopes) >= 2)
+        return all(
+            abs(fit.decade_slopes[-1] - fit.decade_slopes[-2]) <= self.tolerance
+            for fit in self.fits
+            if len(fit.decade_slopes) >= 2
+        )
 
     @property
     def agrees(self) -> Optional[bool]:
@@ -570,10 +329,15 @@ class BlockProbe:
             "agrees": self.agrees,
             "agreement": self.agreement,
             "asymptotic": self.asymptotic,
-            "directions": {fit.label: _rounded(fit.slope) for fit in self.fits if fit.perturbation == AS_BUILT and fit.source == "graph"},
+            "directions": {fit.label: _rounded(fit.slope) for fit in self.fits if fit.graph_as_built},
             "perturbations": {key: _rounded(value) for key, value in settings.items()},
             "eager_module": self.eager_module,
-            "worst": None if worst is None else {"direction": worst.label, "perturbation": worst.perturbation, "source": worst.source, "nonfinite_at": worst.nonfinite[0] if worst.nonfinite else None},
+            "worst": None if worst is None else {
+                "direction": worst.label,
+                "perturbation": worst.perturbation,
+                "source": worst.source,
+                "nonfinite_at": worst.nonfinite[0] if worst.nonfinite else None,
+            },
             "failed_samples": self.failed_samples,
             "nonfinite_samples": self.nonfinite_samples,
             "c": self.c,
@@ -600,7 +364,7 @@ def _rounded(value: Optional[float]) -> Optional[float]:
 # --- the parameter settings and the eager model ---------------------------------------
 
 
-def _graph_weights(module: fx.GraphModule, residual: ResidualBlock, values: dict) -> list[torch.Tensor]:
+def _graph_weights(module: fx.GraphModule, residual: StreamBlock, values: dict) -> list[torch.Tensor]:
     """The matrices the block reads whose rows have the stream's width (for null-space directions)."""
     width = values[residual.stream].shape[-1] if values[residual.stream].dim() else 0
     found: list[torch.Tensor] = []
@@ -646,9 +410,11 @@ def _close(a: Any, b: Any, rtol: float) -> bool:
         return False
     if not (a.is_floating_point() or a.is_complex()):
         return bool(torch.equal(a, b))
-    a, b = a.detach().to(torch.complex128 if a.is_complex() else torch.float64), b.detach().to(torch.complex128 if b.is_complex() else torch.float64)
+    a, b = (t.detach().to(torch.complex128 if t.is_complex() else torch.float64) for t in (a, b))
     finite_a, finite_b = torch.isfinite(a), torch.isfinite(b)
-    if not torch.equal(finite_a, finite_b) or not torch.equal(torch.where(finite_a, 0, a).nan_to_num(0.5), torch.where(finite_b, 0, b).nan_to_num(0.5)):
+    non_finite_a = torch.where(finite_a, 0, a).nan_to_num(0.5)
+    non_finite_b = torch.where(finite_b, 0, b).nan_to_num(0.5)
+    if not torch.equal(finite_a, finite_b) or not torch.equal(non_finite_a, non_finite_b):
         return False
     a, b = torch.where(finite_a, a, 0), torch.where(finite_b, b, 0)
     return stable_norm(a - b) <= rtol * max(stable_norm(a), stable_norm(b)) + 1e-300
@@ -691,7 +457,8 @@ class ProbeContext:
 
         def keep(submodule: torch.nn.Module, args: tuple, kwargs: dict, output: Any) -> None:
             out = _first_tensor(output)
-            if args and isinstance(args[0], torch.Tensor) and isinstance(out, torch.Tensor) and out.shape == args[0].shape:
+            if (args and isinstance(args[0], torch.Tensor)
+                    and isinstance(out, torch.Tensor) and out.shape == args[0].shape):
                 calls.append(EagerCall(names[submodule], submodule, args, kwargs, out))
 
         names = {sub: qualified for qualified, sub in self.model.named_modules()}
@@ -705,7 +472,9 @@ class ProbeContext:
                 handle.remove()
         trajectory = Trajectory(module, self.inputs)
         for alpha in self.settings.eager_scales:
-            scaled = tuple(alpha * x if isinstance(x, torch.Tensor) and x.is_floating_point() else x for x in self.inputs)
+            scaled = tuple(
+                alpha * x if isinstance(x, torch.Tensor) and x.is_floating_point() else x for x in self.inputs
+            )
             with torch.no_grad(), tensor_outputs(self.model):
                 torch.manual_seed(0)
                 mine = module(*scaled)
@@ -713,7 +482,8 @@ class ProbeContext:
                 theirs = eager if alpha == 1.0 else self.model(*scaled)
             graph_out, eager_out = _tensor_list(mine), _tensor_list(theirs)
             if len(graph_out) != len(eager_out) or not all(_close(a, b, 1e-6) for a, b in zip(graph_out, eager_out)):
-                self.mismatches.append(f"with the parameters {name}, the traced graph's output differs from the eager model's at inputs scaled by {alpha:g}")
+                self.mismatches.append(f"with the parameters {name}, the traced graph's output differs from the "
+                                       f"eager model's at inputs scaled by {alpha:g}")
         return ProbeState(name, trajectory, calls)
 
 
@@ -779,7 +549,9 @@ def _same_velocity(a: Any, b: Any, point: torch.Tensor) -> bool:
     return _velocity_error(a, b, point) <= 1.0
 
 
-def _graph_fits(field_: VelocityField, settings: ProbeSettings, seed: int, perturbation: str) -> tuple[list[DirectionFit], list[tuple[str, torch.Tensor]]]:
+def _graph_fits(
+    field_: VelocityField, settings: ProbeSettings, seed: int, perturbation: str
+) -> tuple[list[DirectionFit], list[tuple[str, torch.Tensor]]]:
     """The traced block's fits along the probe directions, and the directions."""
     weights = _graph_weights(field_.trajectory.module, field_.block, field_.trajectory.values)
     random_count = settings.random_directions if perturbation == AS_BUILT else min(2, settings.random_directions)
@@ -787,7 +559,9 @@ def _graph_fits(field_: VelocityField, settings: ProbeSettings, seed: int, pertu
     return [fit_direction(field_, label, d, settings, perturbation) for label, d in found], found
 
 
-def measure_block(trajectory: Trajectory, residual: ResidualBlock, q_static: Optional[float], settings: ProbeSettings, seed: int) -> BlockProbe:
+def measure_block(
+    trajectory: Trajectory, residual: StreamBlock, q_static: Optional[float], settings: ProbeSettings, seed: int
+) -> BlockProbe:
     """Sample one traced block's velocity as built along every probe direction and fit its exponent."""
     start = time.perf_counter()
     field_ = VelocityField(trajectory, residual)
@@ -797,7 +571,7 @@ def measure_block(trajectory: Trajectory, residual: ResidualBlock, q_static: Opt
     return probe
 
 
-def measure_blocks(context: ProbeContext, pairs: list[tuple[ResidualBlock, Optional[float]]]) -> list[BlockProbe]:
+def measure_blocks(context: ProbeContext, pairs: list[tuple[StreamBlock, Optional[float]]]) -> list[BlockProbe]:
     """Sample every block's velocity, graph and eager, along every direction and parameter setting.
 
     A block whose input is not finite in a perturbed setting (an earlier layer overflowed)
@@ -817,17 +591,22 @@ def measure_blocks(context: ProbeContext, pairs: list[tuple[ResidualBlock, Optio
             call = state.eager_call(field_, found[0][1]) if found else None
             if call is not None:
                 probe.eager_module = probe.eager_module or call.name
-                probe.fits += [fit_direction(call.velocity, label, d, settings, state.name, "eager") for label, d in found]
+                probe.fits += [
+                    fit_direction(call.velocity, label, d, settings, state.name, "eager") for label, d in found
+                ]
                 probe.evaluations += len(found) * len(settings.alphas)
             probe.seconds += time.perf_counter() - start
     return probes
 
 
-def probe_block(trajectory: Trajectory, residual: ResidualBlock, probe: BlockProbe, settings: ProbeSettings, seed: int) -> None:
+def probe_block(
+    trajectory: Trajectory, residual: StreamBlock, probe: BlockProbe, settings: ProbeSettings, seed: int
+) -> None:
     """The constants c, b and the Jacobian norm L of a measured block, on the trajectory as built."""
     start = time.perf_counter()
     if probe.q_static is not None and math.isfinite(probe.q_static):
-        probe.c, probe.b = estimate_constants([f for f in probe.fits if f.perturbation == AS_BUILT and f.source == "graph"], probe.q_static, settings)
+        as_built = [f for f in probe.fits if f.graph_as_built]
+        probe.c, probe.b = estimate_constants(as_built, probe.q_static, settings)
     field_ = VelocityField(trajectory, residual)
     try:
         probe.lipschitz = operator_norm(field_, field_.stream, settings.power_iterations, seed)
@@ -872,7 +651,8 @@ def as_float64(model: torch.nn.Module, inputs: tuple) -> tuple[torch.nn.Module, 
 def _require_weights(model: torch.nn.Module, inputs: Optional[tuple]) -> None:
     tensors = [*model.parameters(), *model.buffers(), *(x for x in inputs or () if isinstance(x, torch.Tensor))]
     if any(t.is_meta for t in tensors):
-        raise ProbeError("probe evaluates the model, but it was built on the meta device (no weights); drop --device meta")
+        raise ProbeError(
+            "probe evaluates the model, but it was built on the meta device (no weights); drop --device meta")
     if inputs is None:
         raise ProbeError("probe needs example inputs: return (model, inputs) from the factory or give --input-shape")
 
@@ -881,14 +661,17 @@ def _require_finite(model: torch.nn.Module, inputs: tuple) -> None:
     """A model whose own output is inf or nan on its example inputs has nothing to measure."""
     bad = non_finite_parameters(model)
     if bad:
-        raise ProbeError(f"the parameter `{bad[0]}` holds inf or nan{f' (and {len(bad) - 1} more)' if len(bad) > 1 else ''}: nothing to measure")
+        more = f" (and {len(bad) - 1} more)" if len(bad) > 1 else ""
+        raise ProbeError(f"the parameter `{bad[0]}` holds inf or nan{more}: nothing to measure")
     with torch.no_grad(), tensor_outputs(model):
         outputs = _tensor_list(model(*inputs))
     if not all(bool(torch.isfinite(t).all()) for t in outputs if t.is_floating_point() or t.is_complex()):
         raise ProbeError("the model's output on its example inputs is inf or nan (in float64): nothing to measure")
 
 
-def float64_context(model: torch.nn.Module, inputs: Optional[tuple], *, spec: str, options: Options, settings: ProbeSettings) -> ProbeContext:
+def float64_context(
+    model: torch.nn.Module, inputs: Optional[tuple], *, spec: str, options: Options, settings: ProbeSettings
+) -> ProbeContext:
     """The static analysis of a float64 copy, with the copy itself (the eager witness)."""
     _require_weights(model, inputs)
     model64, inputs64 = as_float64(model, inputs)  # type: ignore[arg-type]
@@ -897,13 +680,15 @@ def float64_context(model: torch.nn.Module, inputs: Optional[tuple], *, spec: st
     return ProbeContext(analysis, model64, analysis.inputs, settings)  # type: ignore[arg-type]
 
 
-def trace_float64(model: torch.nn.Module, inputs: Optional[tuple], *, spec: str, options: Options) -> tuple[Analysis, Trajectory]:
+def trace_float64(
+    model: torch.nn.Module, inputs: Optional[tuple], *, spec: str, options: Options
+) -> tuple[Analysis, Trajectory]:
     """The static analysis of a float64 copy and its recorded forward pass."""
     context = float64_context(model, inputs, spec=spec, options=options, settings=ProbeSettings())
     return context.analysis, Trajectory(context.analysis.traced.module, context.inputs)
 
 
-def _pairs(analysis: Analysis) -> list[tuple[ResidualBlock, Optional[float]]]:
+def _pairs(analysis: Analysis) -> list[tuple[StreamBlock, Optional[float]]]:
     return [(residual, block.q) for residual, block in zip(analysis.stream.blocks, analysis.report.blocks)]
 
 
@@ -937,7 +722,8 @@ def probe_model(
         on_block(index + 1, len(blocks), block.name)
     bounds = _bounds(analysis, trajectory, blocks)
     init = probe_init.diagnose(analysis, settings.seed)
-    result = ModelProbe(analysis.report, blocks, bounds, init, time.perf_counter() - start, context.mismatches, analysis, trajectory)
+    seconds = time.perf_counter() - start
+    result = ModelProbe(analysis.report, blocks, bounds, init, seconds, context.mismatches, analysis, trajectory)
     _attach(result)
     return result
 
@@ -945,13 +731,17 @@ def probe_model(
 def _bounds(analysis: Analysis, trajectory: Trajectory, blocks: list[BlockProbe]) -> probe_bounds.StackBounds:
     x0 = stable_norm(trajectory.values[analysis.stream.blocks[0].stream]) if blocks else 0.0
     constants = [
-        probe_bounds.BlockConstants(block.q_static, block.c, block.b) if block.c is not None and block.b is not None else None
+        probe_bounds.BlockConstants(block.q_static, block.c, block.b)
+        if block.c is not None and block.b is not None
+        else None
         for block in blocks
     ]
-    bounds = probe_bounds.stack_bounds(x0, constants, [block.lipschitz for block in blocks], [block.name for block in blocks])
+    lipschitz = [block.lipschitz for block in blocks]
+    bounds = probe_bounds.stack_bounds(x0, constants, lipschitz, [block.name for block in blocks])
     post_norm = [b.name for b in analysis.report.blocks if b.form == "post-norm"]
     if post_norm:
-        bounds.note = "; ".join(filter(None, [bounds.note, f"{', '.join(post_norm)} is post-norm: outside the additive analysis"]))
+        outside = f"{', '.join(post_norm)} is post-norm: outside the additive analysis"
+        bounds.note = "; ".join(filter(None, [bounds.note, outside]))
     return bounds
 
 
@@ -962,7 +752,8 @@ def _attach(result: ModelProbe) -> None:
     extra["overflow_depth"] = dict(result.bounds.overflow_depths)
     extra["init"] = result.init.to_dict()
     extra["soundness_violations"] = [
-        {"block": block.name, "q": block.q_static, "q_measured_max": _rounded(block.q_measured_max)} for block in result.violations
+        {"block": block.name, "q": block.q_static, "q_measured_max": _rounded(block.q_measured_max)}
+        for block in result.violations
     ]
     extra["graph_mismatches"] = list(result.graph_mismatches)
     extra["probe_seconds"] = round(result.seconds, 3)

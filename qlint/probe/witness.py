@@ -48,7 +48,9 @@ def _null_of_rows(weight: torch.Tensor, k: int, shape, generator) -> torch.Tenso
     return r - (r @ q) @ q.T
 
 
-def directions(x: torch.Tensor, weights: list[torch.Tensor], *, random_count: int, quick: bool, seed: int = 1234) -> list[tuple[str, torch.Tensor]]:
+def directions(
+    x: torch.Tensor, weights: list[torch.Tensor], *, random_count: int, quick: bool, seed: int = 1234
+) -> list[tuple[str, torch.Tensor]]:
     """Unit directions that reach the corners: random, constant and alternating rows, one
     entry nonzero or zero, equal rows, and inputs orthogonal to the first rows of
     ``weights`` (matrices whose rows have the input's last dimension: where a gate
@@ -74,7 +76,8 @@ def directions(x: torch.Tensor, weights: list[torch.Tensor], *, random_count: in
         out.append(("onehot_first", first))
         out.append(("-onehot_last", -last))
         out.append(("ones+noise", torch.ones_like(x) + 1e-3 * torch.randn(*shape, generator=g, dtype=x.dtype)))
-        out.append(("rows_equal", torch.randn(*shape[:-1][:1], *([1] * (len(shape) - 2)), d, generator=g, dtype=x.dtype).expand(shape).clone()))
+        row = torch.randn(*shape[:-1][:1], *([1] * (len(shape) - 2)), d, generator=g, dtype=x.dtype)
+        out.append(("rows_equal", row.expand(shape).clone()))
         for j, weight in enumerate(weights[:2]):
             for k in (1, min(4, weight.shape[0])):
                 out.append((f"null{j}[:{k}]", _null_of_rows(weight, k, shape, g)))
@@ -88,9 +91,12 @@ def directions(x: torch.Tensor, weights: list[torch.Tensor], *, random_count: in
     return [(name, _unit(t)) for name, t in out if t.norm() > 0]
 
 
-def _model_directions(model: torch.nn.Module, x: torch.Tensor, hints: dict, quick: bool) -> list[tuple[str, torch.Tensor]]:
+def _model_directions(
+    model: torch.nn.Module, x: torch.Tensor, hints: dict, quick: bool
+) -> list[tuple[str, torch.Tensor]]:
     weights = [lin.weight for lin in _linears(model, x.shape[-1])]
-    hinted = [(f"hint{i}", _unit(t.to(x.dtype))) for i, t in enumerate(hints.get("directions", lambda m, x: [])(model, x))]
+    hinted_directions = hints.get("directions", lambda m, x: [])(model, x)
+    hinted = [(f"hint{i}", _unit(t.to(x.dtype))) for i, t in enumerate(hinted_directions)]
     return directions(x, weights, random_count=1 if quick else 3, quick=quick) + hinted
 
 
@@ -136,7 +142,8 @@ class Ray:
 
 def _slopes(norms: list[float], scales: list[float]) -> list[float]:
     logs = [math.log10(max(n, 1e-300)) for n in norms]
-    return [(logs[i + 1] - logs[i]) / (math.log10(scales[i + 1]) - math.log10(scales[i])) for i in range(len(norms) - 1)]
+    return [(logs[i + 1] - logs[i]) / (math.log10(scales[i + 1]) - math.log10(scales[i]))
+            for i in range(len(norms) - 1)]
 
 
 def _norm(model: torch.nn.Module, x: torch.Tensor) -> float:
@@ -239,8 +246,10 @@ class Witness:
         return max(finite, key=lambda r: r.tail_slope) if finite else None
 
 
-def witness(build: Callable[[], tuple[torch.nn.Module, torch.Tensor]], *, quick: bool = False, hints: Optional[dict] = None,
-            grad: bool = False) -> Witness:
+def witness(
+    build: Callable[[], tuple[torch.nn.Module, torch.Tensor]], *, quick: bool = False, hints: Optional[dict] = None,
+    grad: bool = False,
+) -> Witness:
     """Measure a freshly built (float64) model and input under every perturbation and direction;
     ``grad``: with gradients enabled (a training forward, which may branch on it)."""
     hints = hints or {}

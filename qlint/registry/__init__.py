@@ -5,7 +5,7 @@ exponent as Table 1 writes it, the justification, the ops it covers). An entry w
 numeric ``q`` gets the default transfer (``q * q_input``, the declared output range);
 the rest name a transfer in :mod:`qlint.registry.transfers`. Every spelling of an op
 (ATen overload, torch function, Tensor method, ``torch.nn.functional``) resolves to the
-same entry; a target that resolves to nothing is an error (``tests/test_registry.py``).
+same entry; a target that resolves to nothing is an error (``tests/registry/test_registry.py``).
 
 Nothing outside the registry is treated as safe: :meth:`Registry.lookup` returns
 ``None`` and the block that contains the op is uncertified. Ops deliberately left
@@ -34,7 +34,8 @@ from qlint.core.toml import tomllib
 
 FAMILIES = {
     "plumbing": "moves or retypes values without computing (views, casts, copies): skipped in derivations",
-    "carrier": "passes its input's value on, up to layout, dtype or a dropout mask: names and scales are read through it",
+    "carrier": "passes its input's value on, up to layout, dtype or a dropout mask: names and scales are read through "
+               "it",
     "view": "a view of its input's storage",
     "cast": "a dtype conversion",
     "sum": "a weighted sum of its tensor arguments (add, sub, addcmul, lerp, addmm): a possible stream join",
@@ -262,11 +263,13 @@ def _torch_method(name: Any) -> bool:
     method = getattr(torch.Tensor, str(name), None)
     if method is None or not callable(method):
         return True  # not a Tensor attribute (a method of another object): the name decides
-    module = getattr(method, "__module__", None) or getattr(getattr(method, "__objclass__", None), "__module__", "") or ""
+    module = (getattr(method, "__module__", None) or getattr(getattr(method, "__objclass__", None), "__module__", "")
+              or "")
     return inspect.isbuiltin(method) or type(method).__name__ in _C_METHODS or module.startswith("torch")
 
 
-_C_METHODS = {"method_descriptor", "wrapper_descriptor", "getset_descriptor", "builtin_function_or_method", "method-wrapper"}
+_C_METHODS = {"method_descriptor", "wrapper_descriptor", "getset_descriptor", "builtin_function_or_method",
+              "method-wrapper"}
 
 
 def resolve(target: str) -> Optional[tuple[str, Any]]:
@@ -337,7 +340,8 @@ def spellings(op: str) -> list[str]:
     names = [op] + ([f"{op}_"] if not op.endswith("_") else [])
     out = []
     for name in names:
-        out += [f"aten.{name}", f"torch.{name}", f"method:{name}", f"torch.nn.functional.{name}", f"torch._C._nn.{name}"]
+        out += [f"aten.{name}", f"torch.{name}", f"method:{name}", f"torch.nn.functional.{name}",
+                f"torch._C._nn.{name}"]
         for prefix, namespace in (("special_", "torch.special."), ("linalg_", "torch.linalg."), ("fft_", "torch.fft.")):
             if name.startswith(prefix):
                 out.append(namespace + name[len(prefix) :])
@@ -427,4 +431,5 @@ def _range(value: Any) -> Any:
     return value
 
 
-__all__ = ["Declared", "Primitive", "Registry", "default", "declared_of", "entries", "qualified_op_name", "register", "resolve", "rules_dir", "spellings"]
+__all__ = ["Declared", "Primitive", "Registry", "default", "declared_of", "entries", "qualified_op_name", "register",
+           "resolve", "rules_dir", "spellings"]

@@ -8,7 +8,6 @@ needs only the standard library.
 from __future__ import annotations
 
 import math
-import statistics
 import sys
 from dataclasses import dataclass, field
 from decimal import Decimal, localcontext
@@ -114,7 +113,8 @@ def figure1(
                 for n in LIMITS
             )
             ax.plot([], [], " ", label=f"   overflow D  {marks}")
-        for name, lim, ls in (("fp16 max 65504", FP16_MAX, ":"), ("bf16 max 3.3895e38", BF16_MAX, "--"), ("fp32 max 3.4028e38", FP32_MAX, "-.")):
+        for name, lim, ls in (("fp16 max 65504", FP16_MAX, ":"), ("bf16 max 3.3895e38", BF16_MAX, "--"),
+                              ("fp32 max 3.4028e38", FP32_MAX, "-.")):
             ax.axhline(lim, color="gray", ls=ls, lw=1)
             ax.text(depth * 0.99, lim * (3 if "fp16" in name else 0.02 if "bf16" in name else 6), name,
                     ha="right", va="bottom", fontsize=7, color="dimgray")
@@ -138,7 +138,8 @@ MIN_VARIANTS = 3
 # A deviation more than FAR × the panel's 75th-percentile |deviation| is drawn at the panel's
 # edge with its value written beside it, so one far-off variant cannot flatten the others.
 FAR = 3.0
-COLORS = {"rmsnorm": "tab:blue", "free": "tab:red", "preln": "tab:green", "periln": "tab:purple", "linear": "tab:orange"}
+COLORS = {"rmsnorm": "tab:blue", "free": "tab:red", "preln": "tab:green", "periln": "tab:purple",
+          "linear": "tab:orange"}
 FIGURES = (("mamba", "figure3_mamba.png"), ("patchtst", "figure4_patchtst.png"))
 
 
@@ -196,7 +197,8 @@ def figure_mse(
         log(f"skipped {Path(path).name}: {len(variants)} {BACKBONE_NAMES.get(backbone, backbone)} variant(s) "
             f"({', '.join(variants)}); with fewer than {MIN_VARIANTS} the per-cell median says nothing")
         return None
-    qs = {v: max((r["q"] for r in runs if r["variant"] == v and r.get("q") is not None), default=None) for v in variants}
+    qs = {v: max((r["q"] for r in runs if r["variant"] == v and r.get("q") is not None), default=None)
+          for v in variants}
     dev = deviations(runs, field_name)
     datasets = list(dict.fromkeys(r["dataset"] for r in runs))
     summary = MseFigure(Path(path), datasets, variants)
@@ -248,11 +250,13 @@ def figure_mse(
         ax.set_xlim(-0.5, len(cells) - 0.5)
         ax.set_ylim(-half, half)
         ax.set_ylabel("MSE vs cell median (%)")
-        clip_note = f" (beyond ±{edge:.2g}%: at the edge, value written)" if any(c[0] == ds for c in summary.clipped) else ""
+        clip_note = (f" (beyond ±{edge:.2g}%: at the edge, value written)" if any(c[0] == ds for c in summary.clipped)
+                     else "")
         ax.set_title(f"{ds}{clip_note}", fontsize=9)
         ax.grid(True, axis="y", alpha=0.3)
     fig.suptitle(f"{BACKBONE_NAMES.get(backbone, backbone)} variants: signed % deviation of each variant's mean "
-                 f"{field_name} (surviving seeds)\nfrom the per-cell variant median (0 % = median, negative = lower error)",
+                 f"{field_name} (surviving seeds)\nfrom the per-cell variant median (0 % = median, negative = lower "
+                 "error)",
                  fontsize=9.5)
     fig.tight_layout()
     fig.savefig(path, dpi=130)

@@ -177,7 +177,8 @@ def mse_table(runs: list[dict[str, Any]], field: str = "test_mse") -> tuple[list
         for d, h in cols:
             sel = [
                 r for r in runs
-                if (r["backbone"], r["variant"], r["depth"], r["dataset"], r["horizon"]) == (backbone, variant, depth, d, h)
+                if (r["backbone"], r["variant"], r["depth"], r["dataset"], r["horizon"])
+                == (backbone, variant, depth, d, h)
             ]
             ok = [r[field] for r in sel if not excluded(r) and r.get(field) is not None]
             row.append(f"{statistics.fmean(ok):.4f}" if ok else ("×" if sel else "–"))
@@ -275,7 +276,8 @@ def pattern_check(runs: list[dict[str, Any]]) -> list[str]:
             lo = _counts([r for r in sup if r["depth"] == depths[0]])
             hi = _counts([r for r in sup if r["depth"] == depths[-1]])
             if k_sup == 0:
-                lines.append("no supercritical run blew up at this scale: the paper's q > 1 divergence is NOT reproduced here")
+                lines.append("no supercritical run blew up at this scale: the paper's q > 1 divergence is NOT "
+                             "reproduced here")
             elif k_sup is not None:
                 more = hi[0] / max(hi[2], 1) > lo[0] / max(lo[2], 1)
                 lines.append(
@@ -330,7 +332,8 @@ def write_tables(out_dir: str | Path, title: str = "") -> str:
         "the paper's rule** — the validation MSE at the end was non-finite or above 1e3 × "
         "Var(z-scored target) = 1e3, or a parameter turned non-finite (it stays so to the end) — "
         "and, in parentheses, **m blew up by the stricter rule**: by the paper's rule, or with a "
-        f"non-finite validation MSE at any periodic evaluation (m ≥ k). {NA} = an old record that does not say how the run ended. "
+        f"non-finite validation MSE at any periodic evaluation (m ≥ k). {NA} = an old record that does not say how the "
+        "run ended. "
         "q = qlint's static growth exponent of the model's worst block.\n\n"
     )
     md.write(to_markdown(header, rows))

@@ -158,7 +158,7 @@ def scan_unbind(dA, dBx, C):
     full-size zero tensor, so a 96-step scan moves 96 full copies of ``dA``/``dBx``/``C``
     per layer. ``unbind`` has a single backward node that stacks the slice gradients.
     Same operations in the same order, so forward values and gradients are unchanged
-    (tests/test_verify.py checks this against the zoo's scan).
+    (tests/verify/test_verify.py checks this against the zoo's scan).
     """
     import torch
 
@@ -198,7 +198,8 @@ def classify_blowup(
         return True, True, f"final val MSE {final_val:.3g} > {BLOWUP_FACTOR:g} x Var(target)"
     bad = sum(v is None or not math.isfinite(v) for v in val_history)
     if bad:
-        return False, True, f"non-finite validation MSE at {bad} of {len(val_history)} periodic evaluations, finite at the end"
+        return (False, True,
+                f"non-finite validation MSE at {bad} of {len(val_history)} periodic evaluations, finite at the end")
     return False, False, ""
 
 

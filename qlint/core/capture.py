@@ -1,0 +1,261 @@
+"""Capture a model's graph faithfully: one pipeline of named stages, each module entered once.
+
+For each tracer in turn (symbolic_trace, then torch.export, then make_fx; the first faithful graph
+wins) the pipeline runs:
+
+1. **preconditions**: the model's class runs its own ``forward``, no tensor subclass redefines the
+   ops it enters, the parameters are finite (:mod:`qlint.core.trace`);
+2. **group** identical sibling layers (:func:`qlint.core.reuse.find_groups`, export only);
+3. **trace** (:mod:`qlint.core.trace`), with the groups' copies recorded;
+4. **expand** the copies into the graph, or number the full graph's layers
+   (:func:`qlint.core.reuse.expand` / :func:`~qlint.core.reuse.renumber`);
+5. **check against the model** (:mod:`qlint.core.graph_check`): the graph must compute what the eager
+   model computes on the example, scaled and redrawn; copies the check refutes are traced again, each;
+6. **shape coverage**: the other input shapes the graph stands for.
+
+When every tracer fails, :func:`explain` says in one line which construct stopped tracing and what helps.
+"""
+
+from __future__ import annotations
+
+import traceback
+from typing import Any, Optional
+
+import torch
+import torch.fx as fx
+
+from qlint.core import reuse as layer_reuse
+from qlint.core.graph import TORCH_DIR
+from qlint.core.graph_check import GraphMismatch, compare_with_eager, eager_failure, shape_coverage
+from qlint.core.ops import declared_name
+from qlint.core.trace import (TraceFailure, TracedGraph, ValueSpecialised, export_module, first_line, grad_state,
+                              has_meta,
+                              is_hugging_face, make_fx_module, non_finite_parameters, quiet, redefining_tensor,
+                              symbolic_trace_module)
+
+TRACERS = ("symbolic_trace", "export", "make_fx")
+
+
+class _NoLeaves:
+    """Without a registry, symbolic_trace traces through every module."""
+
+    @staticmethod
+    def is_leaf(cls: type) -> bool:
+        return False
+
+
+def capture(model: torch.nn.Module, inputs: Optional[tuple], registry: Any = None, *, prefer: Optional[str] = None,
+            reuse: bool = True, shapes_too: bool = True) -> TracedGraph:
+    """The first faithful graph of symbolic_trace, export, make_fx; ``prefer``: that tracer only.
+    ``reuse``: export traces identical layers once (:mod:`qlint.core.reuse`). ``shapes_too``: check
+    an export or make_fx graph on other input shapes too (``graph_check.shape_coverage``).
+
+    A tracer the user asked for is a requirement, as an explicit flag is in mypy or ruff:
+    when it fails, the TraceFailure says so instead of another tracer's graph being used
+    under a header the user did not ask for. When every tracer fails on example inputs,
+    the model itself is run on them: a model that does not run (inputs of the wrong
+    shape) is reported as such, naming the submodule that failed and the input shapes.
+
+    ``registry`` decides which nn modules symbolic_trace keeps as leaves (its module rules
+    and user declarations); without one every module is traced through.
+    """
+    registry = registry if registry is not None else _NoLeaves()
+    # GraphModule's is torch's
+    own_call = not (getattr(type(model).__call__, "__module__", "") or "").startswith("torch")
+    if own_call or "forward" in model.__dict__:
+        what = "__call__" if own_call else "forward (on the instance)"
+        raise TraceFailure(f"{type(model).__name__} overrides {what}: qlint traces the class's forward, which is then "
+                           "not what calling the model runs; wrap it in a module whose forward does the work")
+    if prefer and prefer not in TRACERS:
+        raise TraceFailure(f"unknown tracer {prefer!r}; choose one of {', '.join(TRACERS)}")
+    if prefer and prefer != "symbolic_trace" and inputs is None:
+        raise TraceFailure(f"the tracer {prefer} was asked for (--tracer / tracer = ...) and needs example inputs: "
+                           "give --input-shape, or return (model, example_inputs) from the factory")
+    redefined = redefining_tensor(model, inputs)
+    if redefined is not None:
+        raise TraceFailure(f"{redefined} is a tensor subclass that redefines the ops it enters (`__torch_function__` "
+                           "or `__torch_dispatch__`): a graph of torch ops does not say what they compute; use plain "
+                           "tensors")
+    broken = non_finite_parameters(model) if inputs is not None else []
+    if broken:
+        more = f" (and {len(broken) - 1} more)" if len(broken) > 1 else ""
+        raise TraceFailure(f"the parameter `{broken[0]}` holds inf or nan{more}, so the graph cannot be checked "
+                           "against the model's outputs; analyse the model with finite weights (a fresh init, or "
+                           "--device meta)")
+    attempts: list[str] = []
+    errors: list[tuple[str, BaseException]] = []
+    for name in [prefer] if prefer else TRACERS:
+        if name != "symbolic_trace" and inputs is None:
+            attempts.append(f"{name}: needs example inputs")
+            continue
+        if name == "symbolic_trace" and not prefer and inputs is not None and is_hugging_face(model):
+            attempts.append("symbolic_trace: skipped (Hugging Face models branch on tensor values; torch.export "
+                            "follows them)")
+            continue
+        try:
+            with quiet(), grad_state(model.training):
+                module, check = _traced_and_checked(name, model, inputs, registry, reuse=reuse)
+        except Exception as exc:  # every tracer failure is reported, none is fatal here
+            attempts.append(f"{name}: {first_line(exc)}")
+            errors.append((name, exc))
+            continue
+        coverage = shape_coverage(model, module, inputs, name) if shapes_too else None
+        return TracedGraph(module=module, tracer=name, attempts=attempts, graph_check=check,
+                           replayed=list(module.meta.get("qlint_replayed", [])),
+                           reuse_abandoned=module.meta.get("qlint_reuse_abandoned", ""), shapes=coverage,
+                           specialised=list(module.meta.get("qlint_specialised", [])))
+    refused = eager_failure(model, inputs) if inputs is not None and not has_meta(model, inputs) else None
+    if refused is not None:
+        raise TraceFailure(f"{type(model).__name__} does not run on its example inputs {shapes_of(inputs)}: "
+                           f"{_culprit(model, refused)} raised {first_line(refused)}; "
+                           "give inputs the model accepts (--input-shape, or the factory's example inputs)"
+                           ) from refused
+    message = explain(model, errors, inputs)
+    if prefer:
+        message += f"; {prefer} was asked for (--tracer / tracer = ...), so no other tracer was tried"
+    raise TraceFailure(message) from (_explained(errors)[1] if errors else None)
+
+
+def _traced_and_checked(tracer: str, model: torch.nn.Module, inputs: Optional[tuple], registry: Any, *,
+                        reuse: bool) -> tuple[fx.GraphModule, str]:
+    """Stages 2-5 for one tracer: the graph and what its check against the eager model found."""
+    if tracer == "symbolic_trace":
+        module = symbolic_trace_module(model, registry, inputs)
+        return module, compare_with_eager(model, module, inputs, shape_only=True)
+    if tracer == "make_fx":
+        module = make_fx_module(model, inputs)  # type: ignore[arg-type]
+        return module, compare_with_eager(model, module, inputs)
+    module = exported(model, inputs, reuse=reuse)  # type: ignore[arg-type]
+    try:
+        return module, compare_with_eager(model, module, inputs)
+    except GraphMismatch:
+        if not module.meta.get("qlint_replayed"):
+            raise
+    module = exported(model, inputs, reuse=False)  # the copied layers are not the model's: trace each
+    module.meta["qlint_reuse_abandoned"] = "the graph check refuted the copied layers"
+    return module, compare_with_eager(model, module, inputs)
+
+
+def exported(model: torch.nn.Module, inputs: tuple, *, reuse: bool = True) -> fx.GraphModule:
+    """Stages 2-4 under torch.export: group identical layers, export with the groups' copies
+    recorded, expand the copies; when there are no groups or the copies are abandoned (a poison read,
+    an open region, an export error), export in full and number the layers."""
+    groups = layer_reuse.find_groups(model) if reuse else []
+    abandoned = ""
+    if groups:
+        try:
+            with layer_reuse.recording(model, groups) as plan:
+                module = export_module(model, inputs, fatal=layer_reuse.abandoned)
+            layer_reuse.expand(module, model, plan)
+            module.meta["qlint_replayed"] = [name for group in plan.groups for name in group.replayed]
+            return module
+        except Exception as exc:  # noqa: BLE001  (a poison read, an open region, an export error: trace in full)
+            abandoned = first_line(exc)
+    module = export_module(model, inputs)
+    layer_reuse.renumber(module)
+    module.meta["qlint_reuse_abandoned"] = abandoned
+    return module
+
+
+def shapes_of(inputs: tuple) -> str:
+    """``(2, 4, 99) float32, (2, 4) int64``: each example input's shape and dtype (else its type)."""
+    return ", ".join(f"{tuple(x.shape)} {str(x.dtype).removeprefix('torch.')}" if isinstance(x, torch.Tensor)
+                     else type(x).__name__ for x in inputs)
+
+
+# (phrases of a tracer's error, the Python construct they mean)
+_CONSTRUCTS = (
+    (
+        ("data-dependent", "_local_scalar_dense", "control flow", "'Proxy'", "Proxy object", "Proxy)",
+         "GuardOnDataDependent"),
+        "uses a tensor's value in Python (`if`, `int()`, `float()`, `.item()`, a loop bound)",
+    ),
+    (("numpy",), "converts a tensor to NumPy"),
+    (("not a known type", "pytree"), "passes a value of a type torch cannot flatten"),
+    (("in-place mutation",), "mutates a tensor in place and reads it again"),
+    (("forward hooks", "forward pre-hooks"), "registers forward hooks (give --input-shape so torch.export runs them)"),
+)
+_TRACER_PREFERENCE = ("export", "make_fx", "symbolic_trace")
+
+
+def explain(model: torch.nn.Module, errors: list[tuple[str, BaseException]], inputs: Optional[tuple]) -> str:
+    """One line: which submodule and which Python construct stopped tracing, and what helps."""
+    if not errors:
+        return "could not trace the model: symbolic_trace needs no inputs but export/make_fx do; give --input-shape"
+    name, exc = _explained(errors)
+    if isinstance(exc, ValueSpecialised):
+        owner = model.get_submodule(exc.path) if exc.path else model
+        subject = f"`{exc.path}` ({type(owner).__name__})" if exc.path else "its forward"
+        remedy = f"{exc.remedy}{_declare(type(owner), model, ', or ')}" if exc.declare else exc.remedy
+        return (f"could not trace {type(model).__name__}: {subject} at {exc.where} {exc.what} (make_fx on the "
+                "example's "
+                f"values: {exc.why}); {remedy}")
+    if isinstance(exc, GraphMismatch):
+        return f"could not trace {type(model).__name__} faithfully: {exc} ({name})"
+    path, owner = _failing_submodule(model, exc)
+    subject = _culprit(model, exc)
+    text = str(exc)
+    construct = next((what for phrases, what in _CONSTRUCTS if any(p in text for p in phrases)), None)
+    if construct is None:
+        return (
+            f"could not trace {type(model).__name__}: {subject} raised {first_line(exc)} ({name}); "
+            f"check that the model runs on its example inputs{f' {shapes_of(inputs)}' if inputs else ''} (--traceback "
+            "shows where)"
+        )
+    hint = "give --input-shape so torch.export can run it, or " if inputs is None else ""
+    remedy = _declare(type(owner if path else model), model, "; " + hint)
+    return f"could not trace {type(model).__name__}: {subject} {construct} ({name}){remedy}"
+
+
+def _declare(leaf: type, model: torch.nn.Module, joint: str) -> str:
+    """The remedy that makes ``leaf`` an opaque module with a declared exponent, after ``joint``; for a
+    Hugging Face model, which symbolic_trace (the tracer that keeps declared modules opaque) cannot
+    trace, that it would not help."""
+    if is_hugging_face(model):
+        return ("; declaring its exponent would not help: Hugging Face models are traced by torch.export and make_fx, "
+                "which keep no module opaque")
+    return (f"{joint}declare its exponent so qlint treats it as an opaque leaf: qlint.register({leaf.__name__}, q=..., "
+            f"why=...) or [tool.qlint.primitives] \"{declared_name(leaf)}\" = {{ q = ..., why = \"...\" }}")
+
+
+def _explained(errors: list[tuple[str, BaseException]]) -> tuple[str, BaseException]:
+    """The tracer failure that explains best (export's and make_fx's run the real forward; a value
+    read that make_fx on the example's values found names the read)."""
+    by_tracer = dict(errors)
+    if isinstance(by_tracer.get("make_fx"), ValueSpecialised):
+        return "make_fx", by_tracer["make_fx"]
+    name = next((t for t in _TRACER_PREFERENCE if t in by_tracer), errors[-1][0])
+    return name, by_tracer[name]
+
+
+def _culprit(model: torch.nn.Module, exc: BaseException) -> str:
+    """The submodule and the user's line that raised, e.g. ```w1` (Linear) at model.py:30 `return self.w1(x)```."""
+    path, owner = _failing_submodule(model, exc)
+    subject = f"`{path}` ({type(owner).__name__})" if path else "its forward"
+    where = _user_frame(exc)
+    return f"{subject} at {where}" if where else subject
+
+
+def _failing_submodule(model: torch.nn.Module, exc: BaseException) -> tuple[str, Optional[torch.nn.Module]]:
+    """The innermost submodule of ``model`` whose method was running when ``exc`` was raised."""
+    paths = {id(module): path for path, module in model.named_modules()}
+    found: tuple[str, Optional[torch.nn.Module]] = ("", None)
+    tb = exc.__traceback__
+    while tb is not None:
+        owner = tb.tb_frame.f_locals.get("self")
+        if isinstance(owner, torch.nn.Module) and paths.get(id(owner)):
+            found = (paths[id(owner)], owner)
+        tb = tb.tb_next
+    return found
+
+
+def _user_frame(exc: BaseException) -> Optional[str]:
+    """The innermost traceback frame outside torch and qlint: the user's construct."""
+    for frame in reversed(traceback.extract_tb(exc.__traceback__)):
+        if (not frame.filename.startswith(TORCH_DIR) and "/qlint/core/" not in frame.filename
+            and "/qlint/analysis" not in frame.filename):
+            return f"{frame.filename}:{frame.lineno} `{(frame.line or '').strip()}`"
+    return None
+
+
+__all__ = ["TRACERS", "capture", "explain", "exported", "shapes_of"]

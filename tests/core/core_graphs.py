@@ -1,0 +1,63 @@
+"""Tiny models traced and annotated the way :func:`qlint.core.engine.analyse` prepares a graph, so the
+core passes (relations, propagation, blocks) can be tested one at a time on graphs small enough to
+read whole."""
+
+from __future__ import annotations
+
+import torch
+import torch.fx as fx
+from torch import nn
+
+from qlint.core import canonical, relations
+from qlint.core.capture import capture
+from qlint.core.graph import GraphFacts, annotate
+from qlint.core.trace import TracedGraph
+from qlint.registry import default as default_registry
+
+D = 8  # the width of every test model
+
+
+class Forward(nn.Module):
+    """forward(x) = fn(self, x): a one-line model; ``members`` become its submodules or parameters."""
+
+    def __init__(self, fn, **members):
+        super().__init__()
+        self.fn = fn
+        for name, value in members.items():
+            setattr(self, name, value)
+
+    def forward(self, x):
+        return self.fn(self, x)
+
+
+def example() -> torch.Tensor:
+    """A (batch, tokens, D) input, the same on every call."""
+    return torch.randn(2, 4, D, generator=torch.Generator().manual_seed(0))
+
+
+def prepare(model: nn.Module, x: torch.Tensor | None = None) -> tuple[TracedGraph, GraphFacts]:
+    """Trace ``model`` with symbolic_trace (checked against the eager model) and annotate it as the
+    engine does before propagating: node facts, all-ones averages rewritten, graph facts, relations."""
+    x = example() if x is None else x
+    registry = default_registry()
+    traced = capture(model.eval(), (x,), registry, prefer="symbolic_trace")
+    annotate(traced.module, registry, model)
+    if canonical.simplify(traced.module):
+        annotate(traced.module, registry, model)
+    graph = GraphFacts(traced.module, traced.data_inputs)
+    graph.example = (x,)
+    relations.find(graph.nodes)
+    return traced, graph
+
+
+def named(graph: GraphFacts, name: str) -> fx.Node:
+    """The node fx named ``name`` (``add``, ``linear_1``, ...)."""
+    matches = [n for n in graph.nodes if n.name == name]
+    assert len(matches) == 1, f"no single node {name!r} in {[n.name for n in graph.nodes]}"
+    return matches[0]
+
+
+def output_value(graph: GraphFacts) -> fx.Node:
+    """The node the model returns."""
+    (output,) = [n for n in graph.nodes if n.op == "output"]
+    return output.args[0]
