@@ -223,7 +223,8 @@ def _magnitude(value: torch.Tensor) -> torch.Tensor:
 def _affine_gain(node: fx.Node, analysis: Analysis) -> Optional[float]:
     """BatchNorm on running statistics is gamma (x - mu) / sqrt(var + eps) + beta: its largest
     gain max|gamma| / sqrt(min var + eps) (a zero-initialised last BatchNorm, timm's RegNet and
-    ResNet zero_init_last, enters at 0); None when a statistic cannot be read."""
+    ResNet zero_init_last, enters at 0); None when a statistic cannot be read, or when var + eps
+    reaches 0 (the division has no finite gain; the propagation reports that block by itself)."""
     weight, variance = argument(node, "weight"), argument(node, "running_var")
     gamma = constant_value(weight, analysis) if isinstance(weight, fx.Node) else None
     var = constant_value(variance, analysis) if isinstance(variance, fx.Node) else None
@@ -236,9 +237,10 @@ def _affine_gain(node: fx.Node, analysis: Analysis) -> Optional[float]:
         top = None
     else:
         top = float(_magnitude(gamma).max()) if gamma.numel() else 1.0
-    if top is None:
+    floor = max(float(var.to(torch.float64).min()), 0.0) + eps
+    if top is None or floor <= 0:
         return None
-    return top / math.sqrt(max(float(var.to(torch.float64).min()), 0.0) + eps)
+    return top / math.sqrt(floor)
 
 
 def _weight(node: fx.Node, analysis: Analysis) -> tuple[bool, Optional[torch.Tensor]]:

@@ -169,6 +169,14 @@ def test_a_bool_mask_at_the_branch_end_is_measured_not_a_crash(masked):
 
 
 
+def test_a_running_variance_of_zero_with_eps_zero_is_no_crash():
+    """BatchNorm in eval with var = 0 and eps = 0 divides by zero: the branch's scale has no finite
+    gain (unknown to QL202/QL204/QL206), and the block is uncertified by the propagation, not by a crash."""
+    loaded = load_model(fixture_spec("adversarial/sign_facts.py:batch_norm_zero_eps_zero_variance"), Options())
+    report = run(loaded.model, loaded.inputs, spec="zero_variance", options=Options()).report
+    assert "internal_errors" not in report.extra
+    assert [f.code for f in report.findings] == ["QL102"] and "var + eps <= 0" in report.findings[0].message
+
 def test_the_bool_mask_crash_as_it_was_is_one_info_finding(monkeypatch):
     """abs() of the bool mask, as QL204's branch-end scale took it before: the QL204 result is one
     info finding and QL201 / the blocks / the verdict of the model stand (exit 0, not 2)."""
