@@ -30,6 +30,30 @@ class Forward(nn.Module):
         return self.fn(self, x)
 
 
+class Residual(nn.Module):
+    """x + W x: the plainest residual block, q = 1."""
+
+    def __init__(self):
+        super().__init__()
+        self.f = nn.Linear(D, D)
+
+    def forward(self, x):
+        return x + self.f(x)
+
+
+class Stack(nn.Module):
+    """Layers applied in turn (``layers.0``, ``layers.1``, ...)."""
+
+    def __init__(self, *layers: nn.Module) -> None:
+        super().__init__()
+        self.layers = nn.ModuleList(layers)
+
+    def forward(self, x):
+        for layer in self.layers:
+            x = layer(x)
+        return x
+
+
 def example() -> torch.Tensor:
     """A (batch, tokens, D) input, the same on every call."""
     return torch.randn(2, 4, D, generator=torch.Generator().manual_seed(0))

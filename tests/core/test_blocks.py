@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
-from core_graphs import D, named, prepare
+from core_graphs import D, Residual, Stack, named, prepare
 from torch import nn
 
 from qlint.core.blocks import Stream, find_stream
@@ -18,17 +18,6 @@ def stream_of(model: nn.Module) -> Stream:
 
 def terms(block) -> list[tuple[str, float]]:
     return [(t.node.name, t.coefficient) for t in block.terms]
-
-
-class Residual(nn.Module):
-    """x + W x"""
-
-    def __init__(self):
-        super().__init__()
-        self.f = nn.Linear(D, D)
-
-    def forward(self, x):
-        return x + self.f(x)
 
 
 class PreNorm(nn.Module):
@@ -51,17 +40,6 @@ class PostNorm(nn.Module):
 
     def forward(self, x):
         return self.norm(x + self.f(x))
-
-
-class Stack(nn.Module):
-    def __init__(self, *layers):
-        super().__init__()
-        self.layers = nn.ModuleList(layers)
-
-    def forward(self, x):
-        for layer in self.layers:
-            x = layer(x)
-        return x
 
 
 def test_a_plain_residual_stack_is_one_additive_block_per_layer():

@@ -7,23 +7,12 @@ import math
 
 import pytest
 import torch
-from core_graphs import D, Forward, example
+from core_graphs import D, Forward, Residual, example
 from torch import nn
 
 from qlint.core.capture import capture
 from qlint.core.engine import Analysis, analyse_graph
 from qlint.registry import default as default_registry
-
-
-class Linear(nn.Module):
-    """x + W x: q = 1"""
-
-    def __init__(self):
-        super().__init__()
-        self.f = nn.Linear(D, D)
-
-    def forward(self, x):
-        return x + self.f(x)
 
 
 class Cubic(nn.Module):
@@ -51,7 +40,7 @@ class Exponential(nn.Module):
 class Net(nn.Module):
     def __init__(self):
         super().__init__()
-        self.blocks = nn.Sequential(Linear(), Cubic(), Exponential())
+        self.blocks = nn.Sequential(Residual(), Cubic(), Exponential())
 
     def forward(self, x):
         return self.blocks(x)

@@ -44,22 +44,21 @@ def _dependent(*growths: Optional[Growth]) -> list[Growth]:
 
 def combine_max(*growths: Optional[Growth], r: Range = ANY, real: Any = "auto") -> Growth:
     """Theorem 9(ii): a value bounded by a sum of the inputs has the largest exponent."""
-    dependent = _dependent(*growths)
-    present = [g for g in growths if g is not None]
-    realness = _real(*present) if real == "auto" else real
-    if not dependent:
-        return Growth(0.0, depends=False, real=realness, range=r)
-    return Growth(algebra.parallel_sum(g.q for g in dependent), real=realness, range=r, culprit=culprit_of(*dependent))
+    return _combined(algebra.parallel_sum, growths, r, real)
 
 
 def combine_product(*growths: Optional[Growth], r: Range = ANY, real: Any = "auto") -> Growth:
     """Theorem 9(iii): a (multi)linear product of the inputs has the sum of their exponents."""
+    return _combined(algebra.hadamard, growths, r, real)
+
+
+def _combined(rule: Any, growths: tuple[Optional[Growth], ...], r: Range, real: Any) -> Growth:
+    """The input-dependent exponents combined by ``rule``; a constant when no input depends on X."""
     dependent = _dependent(*growths)
-    present = [g for g in growths if g is not None]
-    realness = _real(*present) if real == "auto" else real
+    realness = _real(*[g for g in growths if g is not None]) if real == "auto" else real
     if not dependent:
         return Growth(0.0, depends=False, real=realness, range=r)
-    return Growth(algebra.hadamard(g.q for g in dependent), real=realness, range=r, culprit=culprit_of(*dependent))
+    return Growth(rule(g.q for g in dependent), real=realness, range=r, culprit=culprit_of(*dependent))
 
 
 def range_of(g: Optional[Growth]) -> Range:
