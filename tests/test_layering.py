@@ -163,3 +163,14 @@ def test_no_line_in_the_package_is_over_120_characters():
                  for path in sorted((ROOT / "qlint").rglob("*.py")) if "__pycache__" not in path.parts
                  for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1) if len(line) > limit]
     assert not offenders, f"{len(offenders)} line(s) over {limit} characters:\n" + "\n".join(offenders)
+
+
+def test_every_package_folder_ships_in_the_wheel():
+    """setuptools installs only the packages pyproject.toml lists: a new folder of qlint/ left out
+    works from a checkout and is missing from every installed copy."""
+    from qlint.core.toml import tomllib
+
+    listed = set(tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"])
+    folders = {".".join(p.parent.relative_to(ROOT).parts) for p in (ROOT / "qlint").rglob("__init__.py")}
+    missing = sorted(folders - listed)
+    assert not missing, f"add {missing} to `packages` under [tool.setuptools] in pyproject.toml"
