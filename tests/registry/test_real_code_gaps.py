@@ -330,3 +330,39 @@ def test_every_new_entry_says_why():
         primitive = REGISTRY.by_id[entry_id]
         assert len(primitive.why) > 150 and primitive.targets, entry_id
     assert REGISTRY.by_id["view"].aliases == (("tensor", "input"),)  # torch.functional.split's first argument
+
+
+def test_functional_multi_head_attention_has_the_exponent_of_its_value():
+    """Table 1: sum_h W_O^h softmax(.) W_V^h value, the projections parameters: q = q_V, every input read."""
+    import torch.nn.functional as F
+
+    names = ("query", "key", "value", "in_proj_weight", "in_proj_bias", "out_proj_weight", "out_proj_bias")
+    node, placeholders = _graph(F.multi_head_attention_forward, names, lambda q, k, v, w, b, ow, ob: (
+        (q, k, v, 8, 2, w, b, None, None, False, 0.0, ow, ob), {"training": False, "need_weights": False}))
+    assert facts(node).primitive.id == "mha_functional"
+    weights = frozenset(names[3:])
+    base = _laws(node, placeholders, parameters=weights)
+    assert _q(base) == 1.0
+    cubic_value = {p: Growth(3.0 if p.name == "value" else 1.0) for p in placeholders if p.name not in weights}
+    constants = {p: Growth(0.0, depends=False) for p in placeholders if p.name in weights}
+    assert _q(_apply(node, {**cubic_value, **constants})) == 3.0
+
+
+def test_symbolic_scalars_take_the_largest_input():
+    node, placeholders = _graph(torch.sym_max, ("a", "b"), lambda a, b: ((a, b), {}))
+    assert facts(node).primitive.id == "symbolic"
+    assert _q(_laws(node, placeholders)) == 1.0
+    assert _q(_apply(node, {placeholders[0]: Growth(2.0), placeholders[1]: Growth(1.0)})) == 2.0
+
+
+@needs_torchvision
+def test_detection_ops_are_deliberately_unknown_with_a_reason():
+    import torchvision  # noqa: F401  (registers torch.ops.torchvision)
+
+    node, placeholders = _graph(torch.ops.torchvision.nms.default, ("boxes", "scores"), lambda b, s: ((b, s, 0.5), {}))
+    assert facts(node).primitive.id == "detection_ops"
+    value = _apply(node, {p: Growth(1.0) for p in placeholders})
+    assert value.q is None
+    for op in (torch.ops.torchvision.nms.default, torch.ops.torchvision.deform_conv2d.default):
+        entry = REGISTRY.lookup("call_function", op)
+        assert entry is not None and entry.id == "detection_ops" and entry.unbounded
