@@ -6,35 +6,23 @@ neither library until one is asked for (and says which to install when it is mis
 Both take a fixed batch (given, or the first training batch), measure it on every
 evaluation and, with ``every_steps``, every that many optimizer steps, and log the
 figures through the framework's own logging as ``qlint/<block>/stream_norm`` and
-``qlint/<block>/gain@<s>`` (nan for a non-finite figure); the records themselves are
-in ``callback.monitor.records``. The overflow warning is about the training dtype:
-float16 / bfloat16 under mixed precision, else the parameters' dtype.
+``qlint/<block>/gain@<s>`` (and any other figure of the records, :func:`qlint.monitor_logs.figures`; nan
+for a non-finite figure); ``log=`` sends each record to a sink of :mod:`qlint.monitor_logs`
+as well; the records themselves are in ``callback.monitor.records``. The warning's depth
+signal is about the training dtype: float16 / bfloat16 under mixed precision, else the
+parameters' dtype.
 """
 
 from __future__ import annotations
 
-import math
 from typing import Any, Callable, Optional, Sequence
 
 import torch
 
-from qlint.monitoring import StreamMonitor
+from qlint.monitor_logs import metrics
+from qlint.monitoring import DEFAULT_SCALES, StreamMonitor
 
 __all__ = ["QlintLightningCallback", "QlintTrainerCallback"]
-
-
-def metrics(records: Sequence[dict]) -> dict[str, float]:
-    """One flat scalar per block and figure, the shape training loggers take."""
-    out: dict[str, float] = {}
-    for record in records:
-        prefix = f"qlint/{record['block']}"
-        out[f"{prefix}/stream_norm"] = _number(record["stream_norm"])
-        out.update({f"{prefix}/gain@{s}": _number(g) for s, g in record["gain"].items()})
-    return out
-
-
-def _number(value: Optional[float]) -> float:
-    return math.nan if value is None else value
 
 
 def _on_device(inputs: tuple, model: torch.nn.Module) -> tuple:
@@ -58,7 +46,7 @@ class _Adapter:
     """What both callbacks share: the fixed batch, the monitor, and measuring at a step."""
 
     def __init__(self, inputs: Any, every_steps: int, scales: Sequence[float], dtype: Optional[torch.dtype],
-                 to_inputs: Optional[Callable[[Any], tuple]]) -> None:
+                 to_inputs: Optional[Callable[[Any], tuple]], log: Optional[Callable[[dict], None]] = None) -> None:
         if every_steps < 0:
             raise ValueError(f"every_steps must be 0 (evaluations only) or positive, not {every_steps}")
         self.inputs = inputs
@@ -66,6 +54,7 @@ class _Adapter:
         self.scales = tuple(scales)
         self.dtype = dtype
         self.to_inputs = to_inputs
+        self.sink = log  # not self.log: Lightning sets callback.log = pl_module.log
         self.monitor: Optional[StreamMonitor] = None
 
     def start(self, model: torch.nn.Module, first_batch: Callable[[], Any], dtype: Optional[torch.dtype]) -> None:
@@ -74,7 +63,7 @@ class _Adapter:
             return
         inputs = self.inputs if self.inputs is not None else self.to_inputs(first_batch())  # type: ignore[misc]
         inputs = _on_device(tuple(inputs) if isinstance(inputs, (tuple, list)) else (inputs,), model)
-        self.monitor = StreamMonitor(model, inputs, scales=self.scales, dtype=self.dtype or dtype)
+        self.monitor = StreamMonitor(model, inputs, scales=self.scales, dtype=self.dtype or dtype, log=self.sink)
 
     def due(self, step: int) -> bool:
         return bool(self.every_steps) and self.monitor is not None and step % self.every_steps == 0
@@ -97,13 +86,14 @@ def _trainer_callback() -> type:
 
         ``inputs``: the fixed batch as the model's positional inputs; default: the first
         batch of the train dataloader, ``to_inputs(batch)`` (default: the model's main
-        input, ``(batch["input_ids"],)`` for a language model).
+        input, ``(batch["input_ids"],)`` for a language model). ``log``: a sink each record
+        also goes to (:mod:`qlint.monitor_logs`: ``CSVLog``, ``TensorBoardLog``).
         """
 
-        def __init__(self, inputs: Any = None, *, every_steps: int = 0, scales: Sequence[float] = (1.0, 4.0),
+        def __init__(self, inputs: Any = None, *, every_steps: int = 0, scales: Sequence[float] = DEFAULT_SCALES,
                      dtype: Optional[torch.dtype] = None, to_inputs: Optional[Callable[[Any], tuple]] = None,
-                     trainer: Any = None) -> None:
-            super().__init__(inputs, every_steps, scales, dtype, to_inputs)
+                     trainer: Any = None, log: Optional[Callable[[dict], None]] = None) -> None:
+            super().__init__(inputs, every_steps, scales, dtype, to_inputs, log)
             self.trainer = trainer
 
         def attach(self, trainer: Any) -> "QlintTrainerCallback":
@@ -152,13 +142,15 @@ def _lightning_callback() -> type:
 
         ``model``: the network whose blocks are measured (default: the LightningModule
         itself). ``inputs``: the fixed batch; default: ``to_inputs`` of the first training
-        batch (default: the batch if it is a tensor, else its first item).
+        batch (default: the batch if it is a tensor, else its first item). ``log``: a sink
+        each record also goes to (:mod:`qlint.monitor_logs`: ``CSVLog``, ``TensorBoardLog``).
         """
 
         def __init__(self, inputs: Any = None, *, model: Optional[torch.nn.Module] = None, every_steps: int = 0,
-                     scales: Sequence[float] = (1.0, 4.0), dtype: Optional[torch.dtype] = None,
-                     to_inputs: Optional[Callable[[Any], tuple]] = None) -> None:
-            super().__init__(inputs, every_steps, scales, dtype, to_inputs or _first_tensor_inputs)
+                     scales: Sequence[float] = DEFAULT_SCALES, dtype: Optional[torch.dtype] = None,
+                     to_inputs: Optional[Callable[[Any], tuple]] = None,
+                     log: Optional[Callable[[dict], None]] = None) -> None:
+            super().__init__(inputs, every_steps, scales, dtype, to_inputs or _first_tensor_inputs, log)
             self.model = model
 
         def on_train_batch_start(self, trainer: Any, pl_module: Any, batch: Any, batch_idx: int) -> None:

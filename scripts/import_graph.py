@@ -34,6 +34,7 @@ FLOORS = {
     "qlint.api": 5,
     "qlint.monitoring": 5,  # the probe's velocity measured during training
     "qlint.monitor_callbacks": 5,  # its Hugging Face Trainer and Lightning adapters
+    "qlint.monitor_logs": 5,  # its CSV and TensorBoard sinks
     "qlint.verify": 6,
     "qlint.cli": 7,
     "qlint.__main__": 7,

@@ -184,6 +184,11 @@ def model_renderable(model: ModelReport, *, show_all_derivations: bool = False) 
         Text(f"{model.spec}: {summary}, max q = {q} over {len(model.blocks)} blocks{share}{hidden}\n",
              style=STATUS_STYLE.get(_status_of(summary), ""))
     )
+    linear = sum(1 for block in model.blocks if block.q == 1)
+    if summary == "certified" and linear:
+        parts.append(Text(f"q <= 1 bounds the exponent, not the constant: the {linear} q = 1 blocks can still "
+                          f"multiply the stream by up to (1 + c)^{linear} (Remark 6); qlint.monitor measures c "
+                          "during training\n", style="dim"))
     return Group(*parts)
 
 
