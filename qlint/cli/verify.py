@@ -92,12 +92,16 @@ def command() -> None:
               help="Restrict to these variants (default: all).")
 @click.option("--horizon", "horizons", multiple=True, type=int, help="Override the scale's horizons.")
 @click.option("--depth", "depths", multiple=True, type=int, help="Override the scale's depths.")
-@click.option("--seeds", "n_seeds", type=int, default=None, help="Override the number of seeds (0..N-1).")
+@click.option("--seeds", "seed_args", multiple=True, metavar="N|LIST",
+              help="N: seeds 0..N-1; a list (0,2), a range (3-5) or the flag repeated: exactly those seeds.")
+@click.option("--monitor-every", "monitor_every", type=int, default=None,
+              help="qlint.monitor measures the fixed batch every N training steps (0: at evaluations only). "
+                   "Default: the scale's.")
 @click.option("--no-progress", is_flag=True, help="Plain log lines instead of a progress bar.")
 @click.option("--no-figures", is_flag=True, help="Skip the PNG figures.")
 def grid(scale, data, out, device, lr, d_model, batch_size, steps, d_state, revin, loss, amp, bf16, scan, shard,
          backend, address, gpus_per_run, max_retries, workers, threads, backbones, variants, horizons, depths,
-         n_seeds, no_progress, no_figures):
+         seed_args, monitor_every, no_progress, no_figures):
     """Train the grid (resumable: finished runs in OUT/runs.jsonl are skipped), then write
     Table 2 and the Figure 3/4 MSE plots. Every protocol flag overrides the scale's value
     and is recorded in each run's row."""
@@ -135,11 +139,19 @@ def grid(scale, data, out, device, lr, d_model, batch_size, steps, d_state, revi
         k, n = G.parse_shard(shard)
     except ValueError as exc:
         raise click.BadParameter(str(exc), param_hint="--shard") from None
+    try:
+        n_seeds, seeds = G.parse_seeds(seed_args)
+    except ValueError as exc:
+        raise click.BadParameter(str(exc), param_hint="--seeds") from None
+    if monitor_every is not None and monitor_every < 0:
+        raise click.BadParameter(f"must be 0 or a positive number of steps, not {monitor_every}",
+                                 param_hint="--monitor-every")
     out = Path(out or Path("results") / scale)
     configs = G.build_grid(sc, paths, device=device, backbones=backbones or None, variants=variants or None,
-                           horizons=horizons or None, depths=depths or None, n_seeds=n_seeds, steps=steps, lr=lr,
+                           horizons=horizons or None, depths=depths or None, n_seeds=n_seeds, seeds=seeds, steps=steps,
+                           lr=lr,
                            d_model=d_model, batch_size=batch_size, d_state=d_state, revin=revin, loss=loss, amp=amp,
-                           scan=scan)
+                           scan=scan, monitor_every=monitor_every)
     if not configs:
         raise click.UsageError("the selection is empty")
     configs = G.shard(configs, k, n)
@@ -192,19 +204,21 @@ def table(out, no_figures):
 
 @command.command("figure1")
 @click.option("--out", "out", type=click.Path(dir_okay=False), default="figure1.png", show_default=True)
-@click.option("--c", "cs", type=float, multiple=True, default=(1.0,), show_default=True,
-              help="Growth coefficient c (repeat for one panel each, e.g. --c 0.05 --c 1).")
+@click.option("--q", "qs", type=float, multiple=True, default=(0.0, 1.0, 2.0, 5.0), show_default=True,
+              help="Growth exponent q (repeat; one colour each).")
+@click.option("--c", "cs", type=float, multiple=True, default=(0.01, 0.1, 1.0), show_default=True,
+              help="Growth coefficient c (repeat; one line style each, the smallest also in the linear panel).")
 @click.option("--r0", type=float, default=1.0, show_default=True)
-@click.option("--depth", type=int, default=140, show_default=True, help="Largest layer index plotted.")
-def figure1(out, cs, r0, depth):
-    """Figure 1: r_{k+1} = r_k + c r_k^q for q in {0.5, 1, 2, 5} against the fp16/bf16/fp32
-    maxima, with the overflow depth of each trajectory."""
+@click.option("--depth", type=int, default=60, show_default=True, help="Largest layer index plotted.")
+def figure1(out, qs, cs, r0, depth):
+    """Figure 1: r_{k+1} = r_k + c r_k^q (default q in {0, 1, 2, 5}, c in {0.01, 0.1, 1}) against the
+    fp16/bf16/fp32 maxima, with the first layer at which each trajectory exceeds each of them."""
     require("numpy", "matplotlib")
     from qlint.verify.figures import LIMITS, figure1 as fig1
 
-    depths = fig1(out, cs=cs, r0=r0, depth=depth)
+    depths = fig1(out, cs=cs, qs=qs, r0=r0, depth=depth)
     for c in cs:
-        for q in (0.5, 1.0, 2.0, 5.0):
+        for q in qs:
             cells = ", ".join(
                 f"{name} at D={depths[(c, q, name)] if depths[(c, q, name)] is not None else '>10000'}"
                 for name in LIMITS

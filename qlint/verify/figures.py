@@ -57,21 +57,6 @@ def overflow_depth(
     return None
 
 
-def trajectory(q: float, c: float = 1.0, r0: float = 1.0, depth: int = 140, cap: float = 1e300) -> list[float]:
-    """r_0..r_k in float64, stopping once r exceeds ``cap`` (for plotting)."""
-    r = [float(r0)]
-    for _ in range(depth):
-        x = r[-1]
-        try:
-            nxt = x + c * x**q
-        except OverflowError:
-            nxt = float("inf")
-        r.append(nxt)
-        if not nxt < cap:
-            break
-    return r
-
-
 def _pyplot():
     try:
         import matplotlib
@@ -87,46 +72,120 @@ def _pyplot():
 
 def figure1(
     path: str | Path,
-    cs: Sequence[float] = (1.0,),
-    qs: Sequence[float] = (0.5, 1.0, 2.0, 5.0),
+    cs: Sequence[float] = (0.01, 0.1, 1.0),
+    qs: Sequence[float] = (0.0, 1.0, 2.0, 5.0),
     r0: float = 1.0,
-    depth: int = 140,
-) -> dict[tuple[float, float, str], Optional[int]]:
-    """Plot Figure 1 (one panel per c) and return {(c, q, format): overflow depth}."""
+    depth: int = 60,
+) -> dict[tuple[float, float, str], int | None]:
+    """Plot Figure 1 and return {(c, q, format): overflow depth} (:func:`overflow_depth`, None past 10 000).
+
+    One log-y panel, r_k = ||X_k|| against the layer k <= ``depth`` for r_{k+1} = r_k + c·r_k^q
+    (:func:`qlint.probe.bounds.step`): a colour per q, a line style per c, the fp16 and bf16/fp32
+    maxima as horizontal lines, a marker and the layer number where a curve first exceeds one of
+    them; a curve past the top of the axes is clipped there (▲). Beside it a linear-y panel of
+    the first layers at the smallest c: the "tame at initialisation" view, in which q > 1 cannot
+    be told from q <= 1 until it takes off.
+    """
+    from qlint.probe.bounds import BlockConstants, step
+
     plt = _pyplot()
-    colors = {0.5: "tab:green", 1.0: "tab:blue", 2.0: "tab:orange", 5.0: "tab:red"}
-    fig, axes = plt.subplots(1, len(cs), figsize=(9.0 * len(cs), 4.6), squeeze=False)
-    depths: dict[tuple[float, float, str], Optional[int]] = {}
-    for ax, c in zip(axes[0], cs):
+    top = 1e45  # the y-axis ceiling: seven decades above the fp32 maximum
+    palette = {0.0: "tab:green", 0.5: "tab:olive", 1.0: "tab:blue", 2.0: "tab:orange", 5.0: "tab:red"}
+    spare = iter(("tab:purple", "tab:brown", "tab:pink", "tab:cyan", "tab:gray"))
+    colors = {q: palette.get(q) or next(spare, "black") for q in qs}
+    cs_sorted = sorted(cs)
+    line_styles = (":", "--", "-", "-.", (0, (5, 1, 1, 1, 1, 1)), (0, (3, 1, 1, 1)))
+    styles = {c: line_styles[i % len(line_styles)] for i, c in enumerate(cs_sorted)}
+    widths = {c: (2.4, 1.8)[i] if i < 2 else 1.5 for i, c in enumerate(cs_sorted)}
+
+    def path_of(q: float, c: float) -> list[float]:
+        block, r = BlockConstants(q, c, 0.0), [float(r0)]
+        while len(r) <= depth and r[-1] <= top:
+            r.append(step(r[-1], block))
+        return r
+
+    depths: dict[tuple[float, float, str], int | None] = {}
+    for c in cs:
         for q in qs:
-            r = trajectory(q, c, r0, depth, cap=1e42)
-            ks = list(range(len(r)))
-            color = colors.get(q)
-            ax.plot(ks, [min(x, 1e42) for x in r], "-", color=color, label=f"q = {q:g}", lw=1.6)
             for name, lim in LIMITS.items():
-                d = overflow_depth(q, c, r0, lim, max_depth=max(depth, 10_000) if q <= 1 else 10_000)
-                depths[(c, q, name)] = d
-                if d is not None and d <= depth:
-                    ax.plot([d], [min(r[d], 1e42)], "o" if name == "fp16" else "x", color=color, ms=6)
-            marks = ", ".join(
-                f"{n}:{depths[(c, q, n)] if depths[(c, q, n)] is not None else '>' + str(10_000)}"
-                for n in LIMITS
-            )
-            ax.plot([], [], " ", label=f"   overflow D  {marks}")
-        for name, lim, ls in (("fp16 max 65504", FP16_MAX, ":"), ("bf16 max 3.3895e38", BF16_MAX, "--"),
-                              ("fp32 max 3.4028e38", FP32_MAX, "-.")):
-            ax.axhline(lim, color="gray", ls=ls, lw=1)
-            ax.text(depth * 0.99, lim * (3 if "fp16" in name else 0.02 if "bf16" in name else 6), name,
-                    ha="right", va="bottom", fontsize=7, color="dimgray")
-        ax.set_yscale("log")
-        ax.set_ylim(0.5, 1e42)
-        ax.set_xlim(0, depth)
-        ax.set_xlabel("layer index k")
-        ax.set_ylabel(r"$r_k = \|X_k\|$")
-        ax.set_title(rf"$r_{{k+1}} = r_k + c\,r_k^q$, $r_0$ = {r0:g}, c = {c:g}")
-        ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0), title="o fp16, x bf16/fp32 overflow",
-                  title_fontsize=7)
-        ax.grid(True, which="major", alpha=0.3)
+                depths[(c, q, name)] = overflow_depth(q, c, r0, lim, max_depth=10_000)
+
+    fig, (zoom, ax) = plt.subplots(1, 2, figsize=(15.5, 6.4), gridspec_kw={"width_ratios": [1, 2.3]})
+    crossings: dict[str, list[tuple[float, float, str, int]]] = {"fp16": [], "fp32": []}  # (x, y, colour, k)
+    for c in cs:
+        for q in qs:
+            r = path_of(q, c)
+            ys = [min(x, top) for x in r]
+            d16, dbf, d32 = (depths[(c, q, n)] for n in ("fp16", "bf16", "fp32"))
+
+            def say(d: int | None) -> str:
+                if d is None:
+                    return "> 10000"
+                return f"{d}" if d <= depth else f"{d} (off plot)"
+
+            wide = f"bf16 {say(dbf)}, fp32 {say(d32)}" if dbf != d32 else f"bf16/fp32 {say(d32)}"
+            color = colors[q]
+            ax.plot(range(len(ys)), ys, ls=styles[c], lw=widths[c], color=color,
+                    label=f"q={q:g}, c={c:g}: fp16 {say(d16)}, {wide}")
+            if r[-1] > top:
+                ax.plot([len(ys) - 1], [top], "^", color=color, ms=8, clip_on=False)
+            for name, lim in (("fp16", FP16_MAX), ("fp32", FP32_MAX)):
+                d = depths[(c, q, name)]
+                if d is None or not 0 < d <= depth or d >= len(ys):
+                    continue
+                # where the drawn (log-y) segment from layer d - 1 to d meets the line
+                lo, hi = math.log(ys[d - 1]), math.log(ys[d])
+                frac = min(max((math.log(lim) - lo) / (hi - lo), 0.0), 1.0) if hi > lo else 1.0
+                crossings[name].append((d - 1 + frac, lim, color, d))
+    for name, marker in (("fp16", "o"), ("fp32", "s")):
+        last, above = -math.inf, True
+        for x, y, color, d in sorted(crossings[name]):
+            near = x - last < 2.5  # a near neighbour: a smaller marker inside, the label on the other side
+            above = near and not above
+            ax.plot([x], [y], marker, color=color, ms=4.5 if near else 8, mfc="white", mew=1.8, zorder=6 if near else 5)
+            ax.annotate(f"k={d}", (x, y), xytext=(5, 5 if above else -5), textcoords="offset points", fontsize=8,
+                        color=color, fontweight="bold", ha="left", va="bottom" if above else "top", zorder=7,
+                        bbox={"fc": "white", "ec": "none", "alpha": 0.75, "pad": 0.5})
+            last = x
+    ax.axhline(FP16_MAX, color="black", ls=(0, (1, 2)), lw=1)
+    ax.axhline(BF16_MAX, color="black", ls=(0, (4, 2)), lw=1)
+    ax.axhline(FP32_MAX, color="black", ls=(0, (4, 2)), lw=1)
+    ax.text(depth * 0.995, FP16_MAX * 2.5, "fp16 max 6.55e4", fontsize=9, ha="right", va="bottom")
+    ax.text(depth * 0.995, FP32_MAX * 2.5, "bf16 max 3.39e38 ≈ fp32 max 3.40e38", fontsize=9, ha="right",
+            va="bottom")
+    ax.set_yscale("log")
+    ax.set_ylim(0.5, top)
+    ax.set_xlim(0, depth)
+    ax.set_xlabel("layer k")
+    ax.set_ylabel(r"$\|X_k\| = r_k$ (log)")
+    ax.set_title(rf"$r_{{k+1}} = r_k + c\,r_k^q$, $r_0$ = {r0:g}: the layer where each curve first exceeds a format",
+                 fontsize=10)
+    ax.grid(True, which="major", alpha=0.3)
+    ax.plot([], [], "o", color="gray", mfc="white", mew=1.8, label="k = first layer > fp16 max")
+    ax.plot([], [], "s", color="gray", mfc="white", mew=1.8, label="k = first layer > bf16/fp32 max")
+    ax.plot([], [], "^", color="gray", label="clipped at the top of the axes")
+    ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0.0,
+              title="overflow layer k per (q, c)", title_fontsize=8)
+
+    c0 = cs_sorted[0]
+    zoom_top = 4.0
+    for q in qs:
+        r = path_of(q, c0)
+        ks = list(range(len(r)))
+        zoom.plot(ks, [min(x, zoom_top * 10) for x in r], ls=styles[c0], lw=2.2, color=colors[q], label=f"q = {q:g}")
+    zoom.set_ylim(0.9, zoom_top)
+    zoom.set_xlim(0, depth)
+    zoom.set_xlabel("layer k")
+    zoom.set_ylabel(r"$\|X_k\|$ (linear)")
+    zoom.set_title(f"small c = {c0:g} (as at initialisation), linear y", fontsize=10)
+    zoom.grid(True, alpha=0.3)
+    zoom.legend(fontsize=8, loc="upper right")
+    arrow = " → ".join(f"{c:g}" for c in cs_sorted)
+    story = [f"first layer > fp16 max\nas c grows {arrow}:"] + [
+        f"q = {q:g}:  " + " → ".join(str(depths[(c, q, "fp16")] or "> 10⁴") for c in cs_sorted) for q in qs
+    ]
+    zoom.text(0.03, 0.97, "\n".join(story), transform=zoom.transAxes, ha="left", va="top", fontsize=8,
+              bbox={"fc": "white", "ec": "lightgray"})
     fig.tight_layout()
     fig.savefig(path, dpi=130)
     plt.close(fig)

@@ -51,6 +51,7 @@ class Scale:
     d_model: dict[str, int]
     seq_len: int = 96
     eval_every: int = 100
+    monitor_every: int = 0  # qlint.monitor's measurements during training (0: at evaluations only)
     max_eval_windows: int = 512
     lr: float = 1e-3
     d_state: int = MAMBA_D_STATE  # Mamba's SSM state size
@@ -81,6 +82,7 @@ SCALES: dict[str, Scale] = {
         # an 8-step window keeps the 18 lints + 18 runs of CI to ~40 s of CPU.
         seq_len=8,
         eval_every=3,
+        monitor_every=2,
         max_eval_windows=32,
         model_kwargs={"patchtst": (("n_heads", 2), ("d_ff", 16), ("patch_len", 4), ("stride", 2))},
     ),
@@ -100,6 +102,7 @@ SCALES: dict[str, Scale] = {
         d_model={"mamba": 16, "patchtst": 16},
         lr=1e-2,
         eval_every=100,
+        monitor_every=25,  # the warning and its lead to 25 steps: 9 % more CPU on Mamba L=8 (bench/bench_monitor.py)
         max_eval_windows=384,
     ),
     # The first small grid (results/etth1-small-v1): as "small" but lr 1e-3, 200 steps, 2 seeds;
@@ -128,6 +131,7 @@ SCALES: dict[str, Scale] = {
         batch_size=32,
         d_model={"mamba": 128, "patchtst": 128},
         eval_every=1000,
+        monitor_every=250,
         max_eval_windows=0,
         model_kwargs={"patchtst": (("n_heads", 16), ("d_ff", 256))},
     ),
@@ -144,6 +148,7 @@ def build_grid(
     horizons: Optional[Iterable[int]] = None,
     depths: Optional[Iterable[int]] = None,
     n_seeds: Optional[int] = None,
+    seeds: Optional[Iterable[int]] = None,
     steps: Optional[int] = None,
     lr: Optional[float] = None,
     d_model: Optional[int] = None,
@@ -153,12 +158,15 @@ def build_grid(
     loss: Optional[str] = None,
     amp: Optional[str] = None,
     scan: str = "auto",
+    monitor_every: Optional[int] = None,
 ) -> list[RunConfig]:
     """The full grid in its canonical order (seed outermost, so a partial grid covers
     every cell once before any cell twice). Each protocol knob (``steps`` ... ``amp``)
     left at None takes the scale's value; ``d_model`` applies to both backbones and
-    ``d_state`` to Mamba only. ``scan`` (Mamba's recurrence, see ``resolve_scan``) is not
-    a protocol knob: both forms compute the same numbers within float rounding."""
+    ``d_state`` to Mamba only. ``n_seeds`` keeps seeds 0..n-1, ``seeds`` exactly those seeds (in
+    their order here). Neither ``monitor_every`` (the monitor measures under a forked RNG, in eval
+    mode, without gradients) nor ``scan`` (Mamba's recurrence, see ``resolve_scan``; both forms
+    compute the same numbers within float rounding) is a protocol knob."""
     from qlint.verify.data import dataset_name
     from qlint.verify.train import resolve_scan
 
@@ -172,15 +180,16 @@ def build_grid(
     horizons = tuple(horizons or scale.horizons)
     depths = tuple(depths or scale.depths)
     data_paths = list(data_paths)
-    max_seeds = max(len(scale.seeds_for(p)) for p in data_paths)
-    if n_seeds:
-        max_seeds = n_seeds
+    chosen = tuple(seeds) if seeds else tuple(range(n_seeds)) if n_seeds else None
+
+    def seeds_of(path: str) -> tuple[int, ...]:
+        return chosen if chosen is not None else scale.seeds_for(path)
+
+    max_seeds = max(len(seeds_of(p)) for p in data_paths)
     configs = []
     for si in range(max_seeds):
         for path in data_paths:
-            seeds = scale.seeds_for(path)
-            if n_seeds:
-                seeds = tuple(range(n_seeds))
+            seeds = seeds_of(path)
             if si >= len(seeds):
                 continue
             name = "synthetic" if path.startswith("synthetic") else dataset_name(path)
@@ -209,6 +218,7 @@ def build_grid(
                                     amp=pick(amp, scale.amp),
                                     seq_len=scale.seq_len,
                                     eval_every=scale.eval_every,
+                                    monitor_every=pick(monitor_every, scale.monitor_every),
                                     max_eval_windows=scale.max_eval_windows,
                                     device=device,
                                     scan=scan,
@@ -216,6 +226,31 @@ def build_grid(
                                 )
                             )
     return configs
+
+
+def parse_seeds(values: Iterable[str]) -> tuple[Optional[int], Optional[tuple[int, ...]]]:
+    """``--seeds`` as ``(n_seeds, seeds)``: one bare number N is a count (seeds 0..N-1, as before); a list
+    ``0,2``, a range ``3-5``, or the flag given more than once names the seeds themselves."""
+    values = [v.strip() for v in values if v.strip()]
+    if not values:
+        return None, None
+    if len(values) == 1 and _is_number(values[0]):
+        if int(values[0]) < 1:
+            raise ValueError(f"a seed count must be at least 1, not {values[0]} (seed {values[0]} alone: {values[0]},)")
+        return int(values[0]), None
+    seeds: list[int] = []
+    for part in (p.strip() for v in values for p in v.split(",") if p.strip()):
+        low, dash, high = part.partition("-")
+        if not _is_number(low) or (dash and (not _is_number(high) or int(high) < int(low))):
+            raise ValueError(f"not a seed, list (0,2) or increasing range (3-5): {part!r}")
+        seeds += range(int(low), int(high) + 1) if dash else [int(low)]
+    if not seeds:
+        raise ValueError(f"no seeds in {', '.join(values)!r}")
+    return None, tuple(dict.fromkeys(seeds))
+
+
+def _is_number(text: str) -> bool:
+    return text.isascii() and text.isdigit()
 
 
 def parse_shard(text: Optional[str]) -> tuple[int, int]:

@@ -23,7 +23,7 @@ from typing import Any, Iterable, Optional
 from qlint.ci.files import write_text
 from qlint.core.algebra import format_q
 from qlint.verify.grid import BACKBONES, lint_key, read_runs
-from qlint.verify.train import run_key
+from qlint.verify.train import BLOWUP_FACTOR, run_key
 
 BACKBONE_NAMES = {"mamba": "Mamba", "patchtst": "PatchTST"}
 VARIANT_NAMES = {
@@ -83,6 +83,79 @@ def _counts(runs: list[dict[str, Any]]) -> tuple[Optional[int], int, int]:
     return k_final, sum(blew_up_any(r) for r in runs), len(runs)
 
 
+def blowup_step(run: dict[str, Any]) -> Optional[int]:
+    """The first step whose training loss was non-finite or above 1e3, as recorded (``blowup_step``).
+
+    Otherwise (a record from before it was recorded, or a run whose training loss stayed below 1e3) the
+    earliest step the record determines: the first evaluation whose val MSE was non-finite or above 1e3,
+    the step where the run stopped on non-finite parameters, or the end of a run that blew up by the
+    paper's rule; None for a run that did none of these.
+    """
+    if run.get("blowup_step") is not None:
+        return run["blowup_step"]
+    every = run.get("eval_every") or 100
+    steps = [(i + 1) * every for i, v in enumerate(run.get("val_history") or ())
+             if v is None or not v <= BLOWUP_FACTOR]  # NaN compares False
+    if ((run.get("blowup_reason") or "").startswith("non-finite parameters") or blew_up_final(run)) and "steps" in run:
+        steps.append(run["steps"])
+    return min(steps, default=None)
+
+
+def _blew_up_in_training(run: dict[str, Any]) -> bool:
+    """Blown up by the training-loss rule or by any rule the record states (the Table 2 counts' too)."""
+    return blowup_step(run) is not None or blew_up_any(run)
+
+
+def warning_step(run: dict[str, Any], *, static: bool = True) -> Optional[int]:
+    """qlint.monitor's first warning: recorded (``monitor_first_warning_step``), or for records from before
+    it was, recomputed from the run's telemetry (:func:`qlint.monitoring.first_warning`, in its dtype).
+
+    The recomputation gives each record the fact the live monitor has (``static_q``): in a model qlint
+    certified, every block's exponent is at most the model's q. ``static=False`` leaves it out (the
+    measurement alone).
+    """
+    if "monitor_first_warning_step" in run:
+        return run["monitor_first_warning_step"]
+    import torch
+
+    from qlint.monitoring import first_warning
+    from qlint.verify.train import amp_dtype
+
+    telemetry = run.get("telemetry") or ()
+    if static and run.get("verdict") == "certified" and run.get("q") is not None:
+        telemetry = [{"static_q": run["q"], **record} for record in telemetry]
+    return first_warning(telemetry, amp_dtype(run.get("amp") or "fp32") or torch.float32)
+
+
+def _warned(runs: list[dict[str, Any]]) -> str:
+    """``"a/b · f/n"``: a of the b blown-up runs warned strictly before their blow-up step; f of the n runs
+    that stayed finite warned at some step (false warnings where q <= 1)."""
+    blown = [r for r in runs if _blew_up_in_training(r)]
+    ahead = sum(1 for r in blown if None not in (w := warning_step(r), b := blowup_step(r)) and w < b)
+    finite = [r for r in runs if not _blew_up_in_training(r)]
+    warned = sum(1 for r in finite if warning_step(r) is not None)
+    return f"{ahead}/{len(blown)} · {warned}/{len(finite)}"
+
+
+def warning_rows(runs: list[dict[str, Any]]) -> tuple[list[str], list[list[str]]]:
+    """One row per run that blew up or was warned: its blow-up step, first warning and lead (steps)."""
+    header = ["Backbone", "Variant", "q", "L", "dataset", "H", "seed", "blow-up step", "first warning", "lead"]
+    rows = []
+    for r in sorted(latest(runs), key=lambda r: (_order(r["backbone"], r["variant"]), r["depth"], r["horizon"],
+                                                 r["seed"])):
+        blow, warn = blowup_step(r), warning_step(r)
+        if not _blew_up_in_training(r) and warn is None:
+            continue
+        lead = "–" if blow is None or warn is None else str(blow - warn)
+        rows.append(_row_label([r], r["backbone"], r["variant"], r["depth"])
+                    + [r["dataset"], str(r["horizon"]), str(r["seed"]), _or_dash(blow), _or_dash(warn), lead])
+    return header, rows
+
+
+def _or_dash(value: Optional[int]) -> str:
+    return "–" if value is None else str(value)
+
+
 def _fmt_counts(runs: list[dict[str, Any]]) -> str:
     """``"2/6 (3/6)"``: the paper's count, then the any-evaluation count."""
     k_final, k_any, n = _counts(runs)
@@ -136,10 +209,10 @@ def _row_q(runs: list[dict[str, Any]], backbone: str, variant: str, depth: int) 
 
 def table2(runs: list[dict[str, Any]]) -> tuple[list[str], list[list[str]]]:
     """Header and rows of Table 2: blow-ups ``k/n (m/n)`` per (dataset, horizon) cell and Σ
-    (k by the paper's rule, m at any evaluation)."""
+    (k by the paper's rule, m at any evaluation), then qlint.monitor's record (:func:`_warned`)."""
     runs = latest(runs)
     cols = _columns(runs)
-    header = ["Backbone", "Variant", "q", "L"] + [f"{d} H{h}" for d, h in cols] + ["Σ"]
+    header = ["Backbone", "Variant", "q", "L"] + [f"{d} H{h}" for d, h in cols] + ["Σ", "warned ahead · finite"]
     cells: dict[tuple, list[dict[str, Any]]] = defaultdict(list)
     for r in runs:
         cells[(r["backbone"], r["variant"], r["depth"], r["dataset"], r["horizon"])].append(r)
@@ -151,7 +224,7 @@ def table2(runs: list[dict[str, Any]]) -> tuple[list[str], list[list[str]]]:
             cell = cells.get((backbone, variant, depth, d, h), [])
             row.append(_fmt_counts(cell) if cell else "–")
             in_row += cell
-        row.append(_fmt_counts(in_row))
+        row += [_fmt_counts(in_row), _warned(in_row)]
         rows.append(row)
     return header, rows
 
@@ -334,7 +407,10 @@ def write_tables(out_dir: str | Path, title: str = "") -> str:
         "and, in parentheses, **m blew up by the stricter rule**: by the paper's rule, or with a "
         f"non-finite validation MSE at any periodic evaluation (m ≥ k). {NA} = an old record that does not say how the "
         "run ended. "
-        "q = qlint's static growth exponent of the model's worst block.\n\n"
+        "q = qlint's static growth exponent of the model's worst block. **warned ahead · finite** = "
+        "a/b · f/n: of the b runs whose training loss turned non-finite or passed 1e3 (blow-up step), "
+        "a got qlint.monitor's warning strictly before that step; of the n runs that never did, f got "
+        "a warning (a false warning where q ≤ 1).\n\n"
     )
     md.write(to_markdown(header, rows))
     md.write("\n## Summary\n\n")
@@ -342,6 +418,10 @@ def write_tables(out_dir: str | Path, title: str = "") -> str:
         md.write(f"- {line}\n")
     md.write("\n## Test MSE (mean over surviving seeds; × = all seeds blew up)\n\n")
     md.write(to_markdown(mh, mrows))
+    wh, wrows = warning_rows(runs)
+    md.write("\n## qlint.monitor's warnings (runs that blew up or were warned; lead = blow-up step − warning "
+             "step)\n\n")
+    md.write(to_markdown(wh, wrows) if wrows else "No run blew up or was warned.\n")
     text = md.getvalue()
     write_text(out_dir / "table2.md", text)
     write_text(out_dir / "summary.txt", "\n".join(summary + checks) + "\n")

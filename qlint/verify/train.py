@@ -35,7 +35,8 @@ from typing import Any, Optional
 import numpy as np
 
 BLOWUP_FACTOR = 1e3
-"""A finite final val MSE above ``BLOWUP_FACTOR × Var(z-scored target)`` (= 1e3) is a blow-up."""
+"""A finite final val MSE above ``BLOWUP_FACTOR × Var(z-scored target)`` (= 1e3) is a blow-up;
+a training loss above it (or non-finite) sets ``blowup_step``."""
 
 DEFAULT_LR = 1e-3
 
@@ -62,6 +63,9 @@ class RunConfig:
     d_model: int = 32
     seq_len: int = 96
     eval_every: int = 100
+    # qlint.monitor's measurements of the fixed batch during training (0: only at evaluations); it runs in
+    # eval mode under a forked RNG, so it does not change the training trajectory (not a protocol knob)
+    monitor_every: int = 0
     max_eval_windows: int = 512  # 0 = every window of the split
     device: str = "cpu"
     amp: str = "fp32"  # one of AMP_MODES
@@ -318,10 +322,11 @@ def train_run(cfg: RunConfig) -> dict[str, Any]:
     val_history: list[float] = []
     train_loss = float("nan")
     nonfinite_train_losses = 0
+    blowup_step: Optional[int] = None
     steps_done = 0
     stopped = ""
-    if cfg.eval_every:  # the gains at initialisation: what training starts from
-        val_starts = _eval_starts(val, cfg.seq_len, cfg.horizon, cfg.max_eval_windows)
+    val_starts = _eval_starts(val, cfg.seq_len, cfg.horizon, cfg.max_eval_windows)
+    if cfg.eval_every or cfg.monitor_every:  # the gains at initialisation: what training starts from
         measure_stream(monitor, val, val_starts, cfg.seq_len, cfg.horizon, step=0)
     model.train()
     for step in range(cfg.steps):
@@ -336,6 +341,8 @@ def train_run(cfg: RunConfig) -> dict[str, Any]:
         scaler.step(opt)
         scaler.update()
         steps_done = step + 1
+        if blowup_step is None and not train_loss <= BLOWUP_FACTOR:  # NaN compares False
+            blowup_step = steps_done
         if not math.isfinite(train_loss):
             nonfinite_train_losses += 1
             if not _all_finite(model):
@@ -344,7 +351,9 @@ def train_run(cfg: RunConfig) -> dict[str, Any]:
                 stopped = f"non-finite parameters after step {steps_done} (training loss {train_loss})"
                 break
         if cfg.eval_every and steps_done % cfg.eval_every == 0 and steps_done < cfg.steps:
-            val_history.append(ev(val))
+            val_history.append(ev(val))  # measures the stream first
+        elif cfg.monitor_every and steps_done % cfg.monitor_every == 0:
+            measure_stream(monitor, val, val_starts, cfg.seq_len, cfg.horizon, step=steps_done)
 
     if stopped:
         val_mse = test_mse = float("nan")
@@ -379,6 +388,9 @@ def train_run(cfg: RunConfig) -> dict[str, Any]:
         "scan": cfg.scan if cfg.backbone == "mamba" else None,
         "final_train_loss": _finite(train_loss),
         "nonfinite_train_losses": nonfinite_train_losses,
+        "blowup_step": blowup_step,
+        "monitor_every": cfg.monitor_every or cfg.eval_every,
+        "monitor_first_warning_step": monitor.warning_step,
         "val_history": [_finite(v) for v in val_history],
         "telemetry": monitor.records,
         "torch": torch.__version__,

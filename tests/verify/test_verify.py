@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import math
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -324,7 +325,8 @@ def _synthetic_runs():
 def test_table2_layout(tmp_path):
     runs = _synthetic_runs()
     header, rows = T.table2(runs)
-    assert header == ["Backbone", "Variant", "q", "L", "ETTm1 H96", "ETTm1 H192", "weather H96", "weather H192", "Σ"]
+    assert header == ["Backbone", "Variant", "q", "L", "ETTm1 H96", "ETTm1 H192", "weather H96", "weather H192", "Σ",
+                      "warned ahead · finite"]
     assert [r[:4] for r in rows] == [
         ["Mamba", "free velocity", "5", "3"],
         ["Mamba", "free velocity", "5", "8"],
@@ -333,9 +335,10 @@ def test_table2_layout(tmp_path):
         ["PatchTST", "free velocity", "1", "3"],
         ["PatchTST", "free velocity", "1", "8"],
     ]
-    assert rows[0][4:] == ["1/3 (2/3)", "1/3 (2/3)", "1/3 (2/3)", "1/3 (2/3)", "4/12 (8/12)"]
-    assert rows[1][4:] == ["3/3 (3/3)"] * 4 + ["12/12 (12/12)"]
-    assert rows[2][4:] == ["0/3 (0/3)"] * 4 + ["0/12 (0/12)"]
+    # records without blowup_step or telemetry: blown up by any rule they state, never warned
+    assert rows[0][4:] == ["1/3 (2/3)", "1/3 (2/3)", "1/3 (2/3)", "1/3 (2/3)", "4/12 (8/12)", "0/8 · 0/4"]
+    assert rows[1][4:] == ["3/3 (3/3)"] * 4 + ["12/12 (12/12)", "0/12 · 0/0"]
+    assert rows[2][4:] == ["0/3 (0/3)"] * 4 + ["0/12 (0/12)", "0/0 · 0/12"]
     lines = T.summary_lines(runs)
     assert lines[0] == ("Mamba free velocity: q=5, blew up 16/24 (67%; L=3: 4/12, L=8: 12/12); "
                         "by the stricter rule 20/24 (L=3: 8/12, L=8: 12/12)")
@@ -353,8 +356,8 @@ def test_table2_layout(tmp_path):
     assert "| Mamba | free velocity | 5 | 3 | 1/3 (2/3) | 1/3 (2/3) | 1/3 (2/3) | 1/3 (2/3) | 4/12 (8/12) |" in md
     assert "k blew up by the paper's rule" in md
     csv_text = (tmp_path / "table2.csv").read_text().splitlines()
-    assert csv_text[0] == "Backbone,Variant,q,L,ETTm1 H96,ETTm1 H192,weather H96,weather H192,Σ"
-    assert csv_text[2] == "Mamba,free velocity,5,8,3/3 (3/3),3/3 (3/3),3/3 (3/3),3/3 (3/3),12/12 (12/12)"
+    assert csv_text[0] == "Backbone,Variant,q,L,ETTm1 H96,ETTm1 H192,weather H96,weather H192,Σ,warned ahead · finite"
+    assert csv_text[2] == "Mamba,free velocity,5,8,3/3 (3/3),3/3 (3/3),3/3 (3/3),3/3 (3/3),12/12 (12/12),0/12 · 0/0"
     summary = (tmp_path / "summary.txt").read_text().splitlines()
     assert summary[0] == lines[0] and summary[len(lines)] == checks[0]
     dev = T.deviations(runs)
@@ -362,6 +365,37 @@ def test_table2_layout(tmp_path):
     # the seed that recovered by the end keeps its test MSE: only the paper's blow-up is left out
     assert cell["free"]["blown"] == 1 and cell["free"]["mean"] == pytest.approx(0.6) and cell["rmsnorm"]["dev_pct"] == pytest.approx(-100 * 0.1 / 1.1)
     assert dev[("mamba", "ETTm1", 96, 8)]["free"]["dev_pct"] is None  # all seeds blew up
+
+
+def test_warned_ahead_counts_recorded_and_recomputed_warnings():
+    base = _rec("mamba", "free", 5.0, "ETTh1", 96, 3, 0, blew=True)
+    recorded = [
+        {**base, "seed": 0, "blowup_step": 300, "monitor_first_warning_step": 100},  # warned ahead
+        {**base, "seed": 1, "blowup_step": 100, "monitor_first_warning_step": 100},  # at the blow-up: not ahead
+        {**base, "seed": 2, "blowup_step": 250, "monitor_first_warning_step": None},  # missed
+        {**base, "seed": 3, "blowup_step": None, "monitor_first_warning_step": 50, "blew_up_final": False,
+         "blew_up_any": False, "blew_up": False},  # finite
+    ]
+    assert T._warned(recorded) == "1/3 · 1/1"
+    # a final val MSE past 1e3 with a training loss below it: blown up (at the end), as in Table 2's counts
+    val_only = {**base, "seed": 5, "blowup_step": None, "monitor_first_warning_step": 5, "steps": 10,
+                "val_history": [float("nan")], "eval_every": 100}
+    assert (T.blowup_step(val_only), T._warned([val_only])) == (10, "1/1 · 0/0")
+    # a record from before both were recorded: the stop on non-finite parameters and the telemetry decide
+    runaway = {"block": "layers.0", "stream_norm": 40.0, "gain": {"1": 0.3, "4": 1.5}}  # exponent 2.2, s* < 4
+    tame = {"block": "layers.0", "stream_norm": 40.0, "gain": {"1": 0.05, "4": 0.3}}
+    old = {**base, "seed": 4, "steps": 394, "blowup_reason": "non-finite parameters after step 394 (training loss inf)",
+           "val_history": [0.7, 0.7, 0.7], "eval_every": 100,
+           "telemetry": [{**tame, "step": 0}, {**runaway, "step": 100}, {**runaway, "step": 200}]}
+    assert (T.blowup_step(old), T.warning_step(old)) == (394, 100)
+    assert T.blowup_step({**old, "val_history": [0.7, 5e3, None]}) == 200  # the first evaluation past 1e3
+    # a model qlint certified at q <= 1 has every block proven linear: the live monitor's fact, applied here too
+    certified = {**old, "q": 1.0, "verdict": "certified"}
+    assert (T.warning_step(certified), T.warning_step(certified, static=False)) == (None, 100)
+    header, rows = T.warning_rows(recorded + [old])
+    assert header[-3:] == ["blow-up step", "first warning", "lead"]
+    assert [row[6:] for row in rows] == [["0", "300", "100", "200"], ["1", "100", "100", "0"], ["2", "250", "–", "–"],
+                                         ["3", "–", "50", "–"], ["4", "394", "100", "294"]]
 
 
 def test_tables_render_old_runs_without_both_counts(tmp_path):
@@ -390,11 +424,11 @@ def test_tables_render_old_runs_without_both_counts(tmp_path):
     ]
     assert [T.blew_up_final(r) for r in olds] == [True, True, True]
     header, rows = T.table2(olds)
-    assert rows[0][4:] == ["3/3 (3/3)", "3/3 (3/3)"]
+    assert rows[0][4:6] == ["3/3 (3/3)", "3/3 (3/3)"]
     unknown = {**base, "seed": 13, "blew_up": True, "blowup_reason": "non-finite validation loss at step 100"}
     assert T.blew_up_final(unknown) is None and T.blew_up_any(unknown) is True
     header, rows = T.table2(olds + [unknown])
-    assert rows[0][4:] == ["n/a (4/4)", "n/a (4/4)"]
+    assert rows[0][4:6] == ["n/a (4/4)", "n/a (4/4)"]
     assert T.summary_lines(olds + [unknown])[0].startswith("Mamba free velocity: q=5, blew up n/a/4 (L=3: n/a/4); ")
     assert T.pattern_check(olds + [unknown]) == [
         "q <= 1 variants: 0/0 runs blew up by the paper's rule (paper: 0 — no runs to test it); "
@@ -437,6 +471,41 @@ def test_overflow_depth():
     assert BF16_MAX == pytest.approx(3.3895e38, rel=1e-4)
 
 
+def _first_layer_above(q: float, c: float, limit: float, max_depth: int = 10_000):
+    """r_{k+1} = r_k + c r_k^q from r_0 = 1 in plain floats, independently of figures.py."""
+    r = 1.0
+    for k in range(1, max_depth + 1):
+        r = r + c * r**q
+        if r > limit:
+            return k
+    return None
+
+
+def test_figure1_overflow_layers(tmp_path):
+    pytest.importorskip("matplotlib")
+    from qlint.verify.figures import figure1
+
+    depths = figure1(tmp_path / "f1.png")  # the defaults: q in {0, 1, 2, 5}, c in {0.01, 0.1, 1}, k <= 60
+    png = (tmp_path / "f1.png").read_bytes()
+    assert png[:8] == b"\x89PNG\r\n\x1a\n" and len(png) > 10_000
+    assert set(depths) == {(c, q, f) for c in (0.01, 0.1, 1.0) for q in (0.0, 1.0, 2.0, 5.0)
+                           for f in ("fp16", "bf16", "fp32")}
+    expected = {  # (c, q): (fp16, bf16, fp32) first layer past the maximum
+        (0.01, 2.0): (108, 111, 111), (0.01, 5.0): (30, 32, 32),
+        (0.1, 2.0): (16, 19, 19), (0.1, 5.0): (7, 8, 8),
+        (1.0, 2.0): (5, 8, 8), (1.0, 5.0): (3, 5, 5),
+        (0.01, 1.0): (1115, 8917, 8917), (0.1, 1.0): (117, 931, 931), (1.0, 1.0): (16, 128, 128),
+        (0.01, 0.0): (None, None, None), (0.1, 0.0): (None, None, None), (1.0, 0.0): (None, None, None),
+    }
+    for (c, q), layers in expected.items():
+        for fmt, limit, layer in zip(("fp16", "bf16", "fp32"), (FP16_MAX, BF16_MAX, FP32_MAX), layers):
+            assert depths[(c, q, fmt)] == layer == _first_layer_above(q, c, limit), (c, q, fmt)
+    # q <= 1 never leaves float32 within the plotted 60 layers, and q = 0 is linear: 1 + c k
+    assert all(depths[(c, q, "fp32")] is None or depths[(c, q, "fp32")] > 60
+               for c in (0.01, 0.1, 1.0) for q in (0.0, 1.0))
+    assert overflow_depth(0, 1.0, 1, FP16_MAX, max_depth=70_000) == 65504  # 1 + k > 65504 first at k = 65504
+
+
 # ------------------------------------------------------------------ CLI
 
 
@@ -472,7 +541,17 @@ def test_cli_figure1(tmp_path):
 
     result = CliRunner().invoke(main, ["verify", "figure1", "--out", str(tmp_path / "f.png")])
     assert result.exit_code == 0, result.output
+    assert (tmp_path / "f.png").stat().st_size > 10_000
+    assert sum(line.startswith("c=") for line in result.output.splitlines()) == 12  # 3 c x 4 q
     assert "c=1 q=1: overflows fp16 at D=16, bf16 at D=128, fp32 at D=128" in result.output
+    assert "c=0.1 q=2: overflows fp16 at D=16, bf16 at D=19, fp32 at D=19" in result.output
+    assert "c=0.01 q=0: overflows fp16 at D=>10000, bf16 at D=>10000, fp32 at D=>10000" in result.output
+    args = ["verify", "figure1", "--out", str(tmp_path / "g.png"), "--q", "2", "--c", "0.5", "--depth", "20"]
+    result = CliRunner().invoke(main, args)
+    assert result.exit_code == 0, result.output
+    assert [line for line in result.output.splitlines() if line.startswith("c=")] == [
+        "c=0.5 q=2: overflows fp16 at D=7, bf16 at D=10, fp32 at D=10"
+    ]
 
 
 def test_failed_run_is_not_recorded_and_retried(tmp_path, no_lint):
@@ -500,6 +579,56 @@ def test_grid_filters():
     assert [(x.variant, x.seed, x.horizon, x.depth, x.steps) for x in c] == [
         (v, s, 96, 8, 50) for s in range(3) for v in ("free", "rmsnorm")
     ]
+
+
+def test_seeds_select_a_count_a_list_or_a_range():
+    assert G.parse_seeds(()) == (None, None)
+    assert G.parse_seeds(("2",)) == (2, None)  # a bare number is a count, as before: seeds 0 and 1
+    assert G.parse_seeds(("3-5",)) == (None, (3, 4, 5))
+    assert G.parse_seeds(("0,2", "2", "7")) == (None, (0, 2, 7))  # repeated flags name seeds; duplicates once
+    assert G.parse_seeds(("4,",)) == (None, (4,))
+    assert G.parse_seeds(("3", "")) == (3, None)  # an empty value is no value
+    for bad in (("0",), ("a",), ("1-x",), (",",), ("0,5-3",), ("²",)):
+        with pytest.raises(ValueError):
+            G.parse_seeds(bad)
+    picked = G.build_grid(G.SCALES["small"], ["/x/ETTh1.csv"], backbones=["patchtst"], variants=["free"],
+                          horizons=[96], depths=[3], seeds=(4, 2), monitor_every=10)
+    assert [(c.seed, c.monitor_every) for c in picked] == [(4, 10), (2, 10)]
+    assert {c.monitor_every for c in G.build_grid(G.SCALES["small"], ["/x/ETTh1.csv"])} == {25}
+
+
+def test_cli_seeds_and_monitor_every_reach_the_runs(tmp_path, no_lint):
+    from click.testing import CliRunner
+
+    from qlint.cli import main
+
+    out = tmp_path / "slice"
+    args = ["verify", "grid", "--scale", "smoke", "--out", str(out), "--no-figures", "--backbone", "patchtst",
+            "--variant", "free", "--depth", "3", "--seeds", "1-2", "--monitor-every", "3"]
+    result = CliRunner().invoke(main, args)
+    assert result.exit_code == 0, result.output
+    rows = G.read_runs(out / "runs.jsonl")
+    assert sorted((r["seed"], r["monitor_every"]) for r in rows) == [(1, 3), (2, 3)]
+    assert all(sorted({t["step"] for t in r["telemetry"]}) == [0, 3, 6] for r in rows)
+    bad = CliRunner().invoke(main, args[:-4] + ["--seeds", "x"])
+    assert bad.exit_code == 2 and "--seeds" in bad.output
+
+
+def test_the_monitor_records_its_warning_and_the_blowup_step_without_changing_training():
+    from qlint.verify.train import train_run
+
+    base = RunConfig("mamba", "free", "synthetic", "synthetic:600:3:0", horizon=8, depth=2, seed=0, steps=6,
+                     batch_size=4, d_model=8, seq_len=16, eval_every=3, max_eval_windows=8)
+    quiet, watched = train_run(base), train_run(replace(base, monitor_every=1))
+    assert watched["val_history"] == quiet["val_history"] and watched["val_mse"] == quiet["val_mse"]
+    assert watched["final_train_loss"] == quiet["final_train_loss"]
+    assert sorted({t["step"] for t in watched["telemetry"]}) == list(range(7))
+    assert sorted({t["step"] for t in quiet["telemetry"]}) == [0, 3, 6]
+    assert (watched["monitor_every"], quiet["monitor_every"]) == (1, 3)
+    assert watched["blowup_step"] is None and watched["monitor_first_warning_step"] is None
+    diverged = train_run(replace(base, lr=1e12, eval_every=0, monitor_every=1))
+    # the first step's loss is finite (the update comes after it); the absurd update makes the next one blow up
+    assert diverged["blowup_step"] == 2 and diverged["steps"] == 2
 
 
 def _protocol(c: RunConfig) -> tuple:
