@@ -23,7 +23,7 @@ $(VENV)/.installed: pyproject.toml Makefile
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q $(TORCH_INDEX) $(PINS)
-	$(PY) -m pip install -q -e ".[test,zoo,verify,distributed]" $(PINS) $(ZOO_PINS)
+	$(PY) -m pip install -q -e ".[test,zoo,verify,distributed,fix]" $(PINS) $(ZOO_PINS)
 	touch $@
 
 demo: $(VENV)/.installed

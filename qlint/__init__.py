@@ -6,7 +6,8 @@ its velocity grows at most linearly, ||v(x)|| <= c*||x||**q + b with q <= 1.
 The public API is imported lazily so that ``qlint --help`` does not import torch:
 ``qlint.check(specs)`` and ``qlint.analyze(model, inputs)`` (:mod:`qlint.api`, the same
 configuration as the command line), ``qlint.register(cls, q=..., why=...)``
-(:mod:`qlint.registry`), ``qlint.remedy(...)`` (:mod:`qlint.remedies`) and
+(:mod:`qlint.registry`), ``qlint.remedy(...)`` (:mod:`qlint.remedies`; with ``as_patch=True``
+the re-certified source patches of :mod:`qlint.fixes`) and
 ``qlint.monitor(model, inputs)`` (:mod:`qlint.monitoring`: stream norms and block gains during
 training). Probes are in the :mod:`qlint.probe` package.
 """
@@ -24,14 +25,14 @@ _LAZY = {
     "check": "qlint.api",
     "monitor": "qlint.monitoring",
     "register": "qlint.registry",
-    "remedy": "qlint.remedies",
+    "remedy": "qlint.fixes",
 }
 
 if TYPE_CHECKING:  # pragma: no cover
     from qlint.api import analyze, check
+    from qlint.fixes import remedy
     from qlint.monitoring import monitor
     from qlint.registry import register
-    from qlint.remedies import remedy
 
 
 def __getattr__(name: str) -> Any:

@@ -32,6 +32,7 @@ FLOORS = {
     "qlint.probe": 4,
     "qlint.remedies": 4,
     "qlint.api": 5,
+    "qlint.fixes": 5,  # remedies as source patches, re-checked on the patched source
     "qlint.monitoring": 5,  # the probe's velocity measured during training
     "qlint.monitor_callbacks": 5,  # its Hugging Face Trainer and Lightning adapters
     "qlint.monitor_logs": 5,  # its CSV and TensorBoard sinks

@@ -76,6 +76,11 @@ def _codes(values: tuple[str, ...]) -> Optional[list[str]]:
 @click.option("--show-derivation", is_flag=True, help="Print the derivation of every block, not only failing ones.")
 @click.option("--show-remedies", is_flag=True,
               help="Propose changes that certify each failing block, each re-checked (re-analyses per candidate).")
+@click.option("--diff", "show_diff", is_flag=True,
+              help="Print, as unified diffs `git apply` takes, the source patches that certify failing blocks, each "
+                   "re-checked on the patched source; exit 1 when there is one, 0 when there is none.")
+@click.option("--fix", is_flag=True,
+              help="Apply those re-checked source patches to your files (atomically), then lint again.")
 @click.option("--color", type=click.Choice(["auto", "always", "never"]), default="auto",
               help="Colour the full report: auto (a terminal, unless NO_COLOR is set; FORCE_COLOR forces it), always, "
                    "never.")
@@ -122,6 +127,8 @@ def command(
     threshold: Optional[float],
     show_derivation: bool,
     show_remedies: bool,
+    show_diff: bool,
+    fix: bool,
     color: str,
     width: Optional[int],
     quiet: bool,
@@ -153,6 +160,10 @@ def command(
             click.echo(config.describe())
             sys.exit(0)
         _check_writable(output_file, outputs, write_baseline, config.output_format)  # before the analysis, not after
+        if show_diff or fix:
+            patched = _source_fixes(config, write=fix, verbose=verbose)
+            if show_diff:
+                sys.exit(1 if patched else 0)
         report = _analyse(config, remedies=show_remedies, show_traceback=show_traceback, verbose=verbose,
                           jobs=jobs or os.cpu_count() or 1)
         if verbose:
@@ -205,6 +216,37 @@ def command(
     if failing:
         sys.exit(1)
     sys.exit(0)
+
+
+def _source_fixes(config: Any, *, write: bool, verbose: bool) -> int:
+    """Print (``--diff``) or write (``--fix``) the re-certified patches of every model; how many."""
+    from qlint.fixes import repository_root, source_patches, write_atomically
+
+    root = repository_root()
+    chosen: dict[str, tuple[str, Any]] = {}  # path -> (spec, patch)
+    for spec in config.models:
+        fixes = source_patches(config, spec, root)
+        for patch in fixes.patches:
+            if patch.path in chosen and chosen[patch.path][1].patched != patch.patched:
+                click.echo(f"qlint: {spec}: {patch.path} is patched for {chosen[patch.path][0]} already; run again "
+                           "after applying it", err=True)
+                continue
+            chosen[patch.path] = (spec, patch)
+        for block, reasons in fixes.unpatched.items():
+            click.echo(f"qlint: {spec}: no patch certifies block `{block}`: {'; '.join(reasons)}", err=True)
+        if verbose:
+            for block, reasons in fixes.dropped.items():
+                click.echo(f"qlint: {spec}: block `{block}`: better-ranked remedies passed over: {'; '.join(reasons)}",
+                           err=True)
+    for spec, patch in chosen.values():
+        what = f"{', '.join(patch.kinds)} certifies {', '.join(f'`{b}`' for b in patch.blocks)}"
+        if write:
+            write_atomically(root / patch.path, patch.patched)
+            click.echo(f"qlint: fixed {patch.path} ({what})", err=True)
+        else:
+            click.echo(f"# {spec}: {what}, re-checked on the patched source", err=True)
+            click.echo(patch.diff, nl=False)
+    return len(chosen)
 
 
 def _apply_baseline(report: Any, path: Path, *, prune: bool) -> Any:

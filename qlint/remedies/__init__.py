@@ -110,7 +110,7 @@ def apply(analysis: Analysis, kind: str, *, block: Optional[str] = None) -> nn.M
     """:func:`remedy` for a model already analysed (build several variants from one trace)."""
     _check_kind(kind)
     names = _targets(analysis.report.blocks, block)
-    base = _base_module(analysis)
+    base = base_module(analysis)
     plans = []
     for name in names:
         try:
@@ -159,7 +159,7 @@ def candidates(
     analysis: Analysis, name: str, base: Optional[fx.GraphModule] = None, kinds: Sequence[str] = KINDS
 ) -> list[Remedy]:
     """Every applicable candidate of ``kinds`` for block ``name``, re-checked; certifying or not."""
-    base = base if base is not None else _base_module(analysis)
+    base = base if base is not None else base_module(analysis)
     context = BlockContext(analysis, name, base)
     results = []
     for kind in kinds:
@@ -184,7 +184,7 @@ def attach(analysis: Analysis) -> None:
     failing = [b for b in analysis.report.blocks if b.status != "ok"]
     if not failing:
         return
-    base = _base_module(analysis)
+    base = base_module(analysis)
     for block in failing:
         block.extra["remedies"] = [r.to_dict() for r in propose(analysis, block.name, base)]
 
@@ -204,7 +204,7 @@ def _targets(blocks: list[Block], name: Optional[str]) -> list[str]:
 # --- applying and re-checking -----------------------------------------------------------------
 
 
-def _base_module(analysis: Analysis) -> fx.GraphModule:
+def base_module(analysis: Analysis) -> fx.GraphModule:
     """A copy of the traced graph whose tensor nodes carry shapes (norms need sizes)."""
     base = light_copy(analysis.traced.module, type(analysis.model).__name__)
     exported = any("val" in n.meta for n in base.graph.nodes)  # torch.export / make_fx record shapes

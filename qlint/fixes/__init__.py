@@ -1,0 +1,210 @@
+"""Remedies as re-certified patches of the user's source: ``qlint --diff`` / ``--fix`` and
+``qlint.remedy(spec, as_patch=True)``.
+
+For each failing block, the remedies that certify it on the graph (:func:`qlint.remedies.propose`,
+best first) are written as edits of the file the block's code lives in (:mod:`qlint.fixes.edits`).
+A patch is then believed only on the evidence of the patched source itself: the patched files are
+written to a temporary folder, a child process imports them in place of the originals and runs
+the full analysis of the same spec with the same settings (:mod:`qlint.fixes.recheck`), and the
+patch is kept only if the block certifies there and no other block or model verdict got worse.
+Patches build on each other, so a block certified by an earlier block's patch (same class) needs
+none of its own. Code outside the repository (transformers, timm) is never patched: its blocks
+get the reason, and ``--show-remedies`` keeps the prose.
+"""
+
+from __future__ import annotations
+
+import difflib
+import json
+import os
+import pickle
+import subprocess
+import sys
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Optional
+
+from qlint.core.errors import QlintError
+
+
+class FixError(QlintError):
+    """--diff / --fix cannot run (libcst missing)."""
+
+
+@dataclass(frozen=True)
+class Patch:
+    """One file's re-certified change: the remedies written into it and the blocks they certify."""
+
+    path: str  # relative to the repository root, as `git apply` reads it
+    original: str
+    patched: str
+    kinds: tuple[str, ...]
+    blocks: tuple[str, ...]
+    q_after: dict[str, Optional[float]]
+
+    @property
+    def diff(self) -> str:
+        lines = difflib.unified_diff(self.original.splitlines(keepends=True), self.patched.splitlines(keepends=True),
+                                     fromfile=f"a/{self.path}", tofile=f"b/{self.path}")
+        return "".join(line if line.endswith("\n") else line + "\n\\ No newline at end of file\n" for line in lines)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"kind": ", ".join(self.kinds), "path": self.path, "diff": self.diff, "blocks": list(self.blocks),
+                "q_after": max((q for q in self.q_after.values() if q is not None), default=None)}
+
+
+@dataclass
+class Fixes:
+    """The patches for one spec, and for each block left failing, why it got none."""
+
+    spec: str
+    patches: list[Patch] = field(default_factory=list)
+    unpatched: dict[str, list[str]] = field(default_factory=dict)
+    dropped: dict[str, list[str]] = field(default_factory=dict)  # better-ranked remedies passed over, and why
+
+
+def repository_root(cwd: Optional[Path] = None) -> Path:
+    """The git top level of ``cwd`` (the current folder without git)."""
+    cwd = (cwd or Path.cwd()).resolve()
+    try:
+        out = subprocess.run(["git", "rev-parse", "--show-toplevel"], cwd=cwd, capture_output=True, text=True,
+                             timeout=30)
+    except (OSError, subprocess.SubprocessError):
+        return cwd
+    return Path(out.stdout.strip()).resolve() if out.returncode == 0 and out.stdout.strip() else cwd
+
+
+def source_patches(settings: Any, spec: str, root: Optional[Path] = None) -> Fixes:
+    """The re-certified patches of ``spec`` under ``settings`` (a :class:`qlint.ci.config.Config`)."""
+    try:
+        import libcst  # noqa: F401
+    except ImportError:
+        raise FixError("qlint --diff/--fix needs libcst: pip install 'torch-qlint[fix]'") from None
+    from qlint.analysis import run
+    from qlint.api import prepare
+    from qlint.fixes.edits import EditError, apply, edits_for
+    from qlint.remedies import base_module, propose
+    from qlint.remedies.context import BlockContext
+
+    root = root or repository_root()
+    loaded, options = prepare(settings, spec)
+    analysis = run(loaded.model, loaded.inputs, spec=spec, options=options)
+    before = _verdicts(analysis.report.blocks)
+    base = base_module(analysis)
+    fixes = Fixes(spec)
+    texts: dict[Path, str] = {}
+    kinds: dict[Path, list[str]] = {}
+    certified: dict[str, Optional[float]] = {}
+    for block in (b for b in analysis.report.blocks if b.status != "ok"):
+        if block.name in certified:
+            continue
+        reasons: list[str] = []
+        ranked = propose(analysis, block.name, base)
+        if not ranked:
+            reasons.append("no remedy certifies it on the graph")
+        for remedy in ranked:
+            try:
+                edits = edits_for(BlockContext(analysis, block.name, base), remedy.kind, root)
+                trial = dict(texts)
+                for path, edit in edits.items():
+                    trial[path] = apply(trial.get(path, path.read_text()), edit)
+            except EditError as exc:
+                reasons.append(f"{remedy.kind}: {exc}")
+                continue
+            verdict = recheck(settings, spec, trial)
+            problem = _problem(verdict, before, block.name)
+            if problem:
+                reasons.append(f"{remedy.kind}: {problem}")
+                continue
+            texts = trial
+            if reasons:
+                fixes.dropped[block.name] = reasons
+            for path in edits:
+                kinds.setdefault(path, []).append(remedy.kind)
+            certified = {name: q for name, (q, status) in verdict["blocks"].items()
+                         if status == "ok" and before.get(name, (None, "ok"))[1] != "ok"}
+            break
+        else:
+            fixes.unpatched[block.name] = reasons
+    for path, text in texts.items():
+        relative = path.relative_to(root).as_posix()
+        fixes.patches.append(Patch(relative, path.read_text(), text, tuple(dict.fromkeys(kinds[path])),
+                                   tuple(certified), certified))
+    return fixes
+
+
+def _verdicts(blocks: Any) -> dict[str, tuple[Optional[float], str]]:
+    return {b.name: (b.q, b.status) for b in blocks}
+
+
+def _problem(verdict: dict, before: dict, name: str) -> Optional[str]:
+    """Why a re-checked patch is not kept, or None: the block must certify and nothing get worse."""
+    if verdict["failure"]:
+        return f"the patched source does not analyse: {verdict['failure']}"
+    after = verdict["blocks"]
+    if after.get(name, (None, ""))[1] != "ok":
+        q = after.get(name, (None, "missing"))[0]
+        return f"the patched source leaves the block at q = {q}" if q is not None else "the block is not certified"
+    for other, (q, status) in before.items():
+        new_q, new_status = after.get(other, (None, "missing"))
+        if status == "ok" and new_status != "ok":
+            return f"block `{other}` would no longer certify"
+        if status != "ok" and new_status != "ok" and (new_q is None or (q is not None and new_q > q)):
+            return f"block `{other}` would get worse (q = {q} -> {new_q})"
+    return None
+
+
+def recheck(settings: Any, spec: str, texts: dict[Path, str]) -> dict:
+    """Analyse ``spec`` in a child process that imports ``texts`` in place of those files:
+    {"failure": str | None, "blocks": {name: (q, status)}}."""
+    with tempfile.TemporaryDirectory(prefix="qlint-fix-") as folder:
+        redirects = {}
+        for index, (path, text) in enumerate(texts.items()):
+            copy = Path(folder) / f"{index}_{path.name}"
+            copy.write_text(text)
+            redirects[str(path)] = str(copy)
+        job = Path(folder) / "job.pickle"
+        job.write_bytes(pickle.dumps({"settings": settings, "spec": spec, "redirects": redirects}))
+        out = Path(folder) / "verdict.json"
+        env = {**os.environ, "PYTHONDONTWRITEBYTECODE": "1"}
+        done = subprocess.run([sys.executable, "-m", "qlint.fixes.recheck", str(job), str(out)], env=env,
+                              capture_output=True, text=True, timeout=1800)
+        if done.returncode != 0 or not out.is_file():
+            tail = (done.stderr.strip().splitlines() or ["no output"])[-1]
+            return {"failure": f"the re-check crashed: {tail}", "blocks": {}}
+        verdict = json.loads(out.read_text())
+    verdict["blocks"] = {name: tuple(value) for name, value in verdict["blocks"].items()}
+    return verdict
+
+
+def write_atomically(path: Path, text: str) -> None:
+    """Replace ``path`` by ``text`` in one step (a crash leaves the old file or the new, never half)."""
+    mode = path.stat().st_mode
+    handle, temporary = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".qlint")
+    try:
+        with os.fdopen(handle, "w") as stream:
+            stream.write(text)
+        os.chmod(temporary, mode)
+        os.replace(temporary, path)
+    except BaseException:
+        Path(temporary).unlink(missing_ok=True)
+        raise
+
+
+def remedy(model: Any, example_inputs: Optional[tuple] = None, *, as_patch: bool = False, **options: Any) -> Any:
+    """``qlint.remedy``: the remedied GraphModule (:func:`qlint.remedies.remedy`), or with
+    ``as_patch=True`` the re-certified source :class:`Patch` list of ``model`` given as a spec
+    (``"path/model.py:build_model"``): a patch is re-checked by rebuilding the model from the
+    patched source, which needs the code that builds it, not a built module."""
+    if not as_patch:
+        from qlint.remedies import remedy as graph_remedy
+
+        return graph_remedy(model, example_inputs, **options)
+    if not isinstance(model, str):
+        raise ValueError("as_patch=True needs the model as a spec, e.g. qlint.remedy('model.py:build_model', "
+                         "as_patch=True): the patched source is re-checked by building the model from it")
+    from qlint.api import configure
+
+    flags = {k: options[k] for k in ("mode", "tracer", "threshold") if options.get(k) is not None}
+    return source_patches(configure([model], isolated=True, **flags), model).patches

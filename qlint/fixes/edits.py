@@ -1,0 +1,421 @@
+"""Remedies as concrete-syntax edits of the user's file (libcst: comments and formatting kept).
+
+A graph remedy (:mod:`qlint.remedies.plans`) names fx nodes; each node remembers the line of the
+user's ``forward`` that created it. A source edit finds, at that line, the one expression that
+built the node (``self.mixer(x)`` for a call of submodule ``mixer``, ``F.silu(z)``, ``h ** 3``)
+and rewrites it; a norm a remedy adds becomes a submodule assigned at the end of the enclosing
+class's ``__init__``, its width read from the traced shape. Where the expression cannot be found
+exactly once, the edit is not made and the reason is kept: nothing here is trusted to be right,
+every patched file is re-analysed (:mod:`qlint.fixes.recheck`) before anyone sees it.
+
+One ``@source_edit("kind")`` function per remedy kind, keyed like the planners; a kind without
+one is reported as "no source edit for this kind yet".
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable
+
+import libcst as cst
+import torch.fx as fx
+from libcst.metadata import MetadataWrapper, PositionProvider
+
+from qlint.core.engine import source_of
+from qlint.core.graph import facts, module_path
+from qlint.core.ops import op_name
+from qlint.remedies.context import BlockContext
+from qlint.remedies.surgery import NotApplicable
+
+
+class EditError(Exception):
+    """A remedy that cannot be written as a source edit; the message says why."""
+
+
+Rewrite = Callable[[cst.BaseExpression, "Names"], cst.BaseExpression]
+
+
+@dataclass(frozen=True)
+class Names:
+    """How the edited module spells torch, torch.nn and torch.nn.functional."""
+
+    torch: str
+    nn: str
+    functional: str
+
+
+@dataclass(frozen=True)
+class ExpressionEdit:
+    """Rewrite the expression that built ``node`` at ``line`` of ``file``."""
+
+    file: Path
+    line: int
+    node: fx.Node
+    rewrite: Rewrite
+
+
+@dataclass(frozen=True)
+class Submodule:
+    """``self.<attr> = <constructor>`` at the end of ``__init__`` of the class that holds ``line``."""
+
+    file: Path
+    line: int
+    attr: str
+    constructor: Callable[[Names], str]
+
+
+@dataclass
+class FileEdit:
+    """Every change a remedy makes to one file."""
+
+    expressions: list[ExpressionEdit] = field(default_factory=list)
+    submodules: list[Submodule] = field(default_factory=list)
+
+
+Planner = Callable[[BlockContext, Path], list]
+SOURCE_EDITS: dict[str, Planner] = {}
+
+
+def source_edit(kind: str) -> Callable[[Planner], Planner]:
+    """Register the decorated function as the source edit of remedy ``kind``."""
+
+    def register(planner: Planner) -> Planner:
+        SOURCE_EDITS[kind] = planner
+        return planner
+
+    return register
+
+
+def edits_for(context: BlockContext, kind: str, root: Path) -> dict[Path, FileEdit]:
+    """The edits of remedy ``kind`` for the block, grouped by file; EditError says why there are none."""
+    if kind not in SOURCE_EDITS:
+        raise EditError(f"no source edit for remedy kind {kind!r} yet")
+    try:
+        changes = SOURCE_EDITS[kind](context, root)
+    except NotApplicable as exc:
+        raise EditError(str(exc)) from None
+    grouped: dict[Path, FileEdit] = {}
+    for change in changes:
+        edit = grouped.setdefault(change.file, FileEdit())
+        (edit.expressions if isinstance(change, ExpressionEdit) else edit.submodules).append(change)
+    return grouped
+
+
+# --- where a node was written ---------------------------------------------------------------
+
+
+def place(node: fx.Node, root: Path) -> tuple[Path, int]:
+    """The file (absolute) and line of the user's code that created ``node``; EditError for library code."""
+    source = source_of(node)
+    if source is None:
+        raise EditError(f"`{node.name}` has no source line")
+    path = Path(source.file)
+    path = (path if path.is_absolute() else Path.cwd() / path).resolve()
+    if not path.is_relative_to(root) or {"site-packages", "dist-packages"} & set(path.parts):
+        shown = source.file if "site-packages" not in path.parts else "/".join(
+            path.parts[path.parts.index("site-packages") + 1 :])
+        raise EditError(f"`{shown}` is library code: qlint patches only files in your repository ({root})")
+    return path, source.line
+
+
+def _expression(context: BlockContext, node: fx.Node, root: Path, rewrite: Rewrite) -> ExpressionEdit:
+    file, line = place(node, root)
+    return ExpressionEdit(file, line, node, rewrite)
+
+
+def _submodule(context: BlockContext, node: fx.Node, root: Path, attr: str, width_of: fx.Node) -> Submodule:
+    file, line = place(node, root)
+    width = context.size(width_of)
+    if not width.isdigit():
+        raise EditError(f"the width of `{width_of.name}` is unknown (no traced shape)")
+    norm = context.norm
+    return Submodule(file, line, attr, lambda names: f"{names.nn}.{norm}({width})")
+
+
+# --- the rewrites ---------------------------------------------------------------------------
+
+
+def _call(function: str, *arguments: cst.BaseExpression, keywords: str = "") -> cst.BaseExpression:
+    """``function(arguments..., keywords)`` built around existing expressions (their comments stay)."""
+    call = cst.parse_expression(f"{function}(_{', ' + keywords if keywords else ''})")
+    assert isinstance(call, cst.Call)
+    args = [cst.Arg(a) for a in arguments] + list(call.args[1:])
+    return call.with_changes(args=args)
+
+
+def _operand(expression: cst.BaseExpression) -> cst.BaseExpression:
+    """The value an elementwise primitive acts on: ``h`` of ``h ** 3``, ``f(h)`` or ``h.f()``."""
+    if isinstance(expression, cst.BinaryOperation):
+        return expression.left
+    if isinstance(expression, cst.Call):
+        if expression.args:
+            return expression.args[0].value
+        if isinstance(expression.func, cst.Attribute):
+            return expression.func.value
+    raise EditError("the primitive's operand is not a plain call or power")
+
+
+def wrap_with(attr: str) -> Rewrite:
+    return lambda expression, names: _call(f"self.{attr}", expression)
+
+
+def wrap_argument(index: int, function: Callable[[Names], str], keywords: str = "") -> Rewrite:
+    """Wrap the ``index``-th tensor operand of a call (the receiver of a method call is operand 0)."""
+
+    def rewrite(expression: cst.BaseExpression, names: Names) -> cst.BaseExpression:
+        if isinstance(expression, cst.BinaryOperation):
+            side = "left" if index == 0 else "right"
+            return expression.with_changes(**{side: _call(function(names), getattr(expression, side),
+                                                          keywords=keywords)})
+        if not isinstance(expression, cst.Call):
+            raise EditError("the reader is not a call")
+        receiver = isinstance(expression.func, cst.Attribute) and _is_method(expression)
+        if receiver and index == 0:
+            func = expression.func
+            assert isinstance(func, cst.Attribute)
+            return expression.with_changes(func=func.with_changes(value=_call(function(names), func.value,
+                                                                               keywords=keywords)))
+        position = index - 1 if receiver else index
+        if position >= len(expression.args) or expression.args[position].keyword is not None:
+            raise EditError("the stream is not a positional argument of the call")
+        args = list(expression.args)
+        args[position] = args[position].with_changes(value=_call(function(names), args[position].value,
+                                                                  keywords=keywords))
+        return expression.with_changes(args=args)
+
+    return rewrite
+
+
+def _is_method(call: cst.Call) -> bool:
+    """``x.transpose(1, 2)`` (a tensor method), not ``self.linear(x)`` / ``F.silu(x)`` / ``torch.exp(x)``."""
+    func = call.func
+    assert isinstance(func, cst.Attribute)
+    base = func.value
+    return not (isinstance(base, cst.Name) and base.value in {"self", "torch", "F", "nn", "functional"}) and not (
+        isinstance(base, cst.Attribute) and cst.Module([]).code_for_node(base).startswith(("torch.", "self.")))
+
+
+def replace_by(template: Callable[[Names, cst.BaseExpression], cst.BaseExpression]) -> Rewrite:
+    return lambda expression, names: template(names, _operand(expression))
+
+
+# --- the kinds ------------------------------------------------------------------------------
+
+
+@source_edit("preln")
+def norm_the_input(context: BlockContext, root: Path) -> list:
+    return _norm_readers(context, root, "qlint_preln")
+
+
+@source_edit("periln")
+def norm_the_input_and_output(context: BlockContext, root: Path) -> list:
+    changes = _norm_readers(context, root, "qlint_periln_in")
+    for term in context.offending_terms():
+        changes.append(_expression(context, term, root, wrap_with("qlint_periln_out")))
+        changes.append(_submodule(context, term, root, "qlint_periln_out", term))
+    return changes
+
+
+def _norm_readers(context: BlockContext, root: Path, attr: str) -> list:
+    stream = context.residual.stream
+    readers = context.stream_readers()
+    if not readers:
+        raise EditError("the offending branch does not read the block input")
+    changes: list = []
+    for reader in readers:
+        index = next(i for i, a in enumerate(_tensor_operands(reader)) if a is stream)
+        changes.append(_expression(context, reader, root, wrap_argument(index, lambda names: f"self.{attr}")))
+        changes.append(_submodule(context, reader, root, attr, stream))
+    return changes
+
+
+def _tensor_operands(node: fx.Node) -> list:
+    """The operands in source order: positional args (a method's receiver first)."""
+    return list(node.args)
+
+
+@source_edit("norm_primitive")
+def norm_the_dominant_primitive(context: BlockContext, root: Path) -> list:
+    node = context.dominant()
+    return [_expression(context, node, root, wrap_with("qlint_norm")),
+            _submodule(context, node, root, "qlint_norm", node)]
+
+
+@source_edit("gate_sigmoid")
+def sigmoid_gate(context: BlockContext, root: Path) -> list:
+    return [_sigmoid(context, gate, root) for gate in context.gates()]
+
+
+def _sigmoid(context: BlockContext, gate: fx.Node, root: Path) -> ExpressionEdit:
+    return _expression(context, gate, root, replace_by(lambda names, z: _call(f"{names.torch}.sigmoid", z)))
+
+
+@source_edit("lipschitz_activation")
+def gelu_for_the_power(context: BlockContext, root: Path) -> list:
+    node = context.dominant()
+    if "power" not in facts(node).family and facts(node).op != "square":
+        raise EditError("the highest-q primitive is not a power x**p")
+    return [_expression(context, node, root, replace_by(lambda names, h: _call(f"{names.functional}.gelu", h)))]
+
+
+@source_edit("bounded_exp")
+def contracting_exp(context: BlockContext, root: Path) -> list:
+    node = context.dominant()
+
+    def template(names: Names, a: cst.BaseExpression) -> cst.BaseExpression:
+        softplus = _call(f"{names.functional}.softplus", a)
+        return _call(f"{names.torch}.exp", cst.UnaryOperation(cst.Minus(), softplus))
+
+    return [_expression(context, node, root, replace_by(template))]
+
+
+@source_edit("linear_growth")
+def normalised_selection(context: BlockContext, root: Path) -> list:
+    projection = context.selective_projection()
+    changes: list = [_expression(context, projection, root,
+                                 wrap_argument(0, lambda names: f"{names.functional}.normalize", "dim=-1"))]
+    try:
+        changes += [_sigmoid(context, gate, root) for gate in context.gates()]
+    except NotApplicable:
+        pass
+    return changes
+
+
+# --- applying the edits to one file -----------------------------------------------------------
+
+
+def apply(text: str, edit: FileEdit) -> str:
+    """``text`` with ``edit`` made; EditError when an expression is not found exactly once."""
+    module = cst.parse_module(text)
+    names = _names(module)
+    wrapper = MetadataWrapper(module)
+    positions = wrapper.resolve(PositionProvider)
+    targets: dict[cst.CSTNode, list[Rewrite]] = {}
+    for change in edit.expressions:
+        targets.setdefault(_find(wrapper.module, positions, change), []).append(change.rewrite)
+    classes: dict[cst.ClassDef, list[Submodule]] = {}
+    for sub in edit.submodules:
+        classes.setdefault(_enclosing_class(wrapper.module, positions, sub.line), []).append(sub)
+    new = wrapper.module.visit(_Rewriter(targets, classes, names))
+    return _with_imports(new, names).code
+
+
+def _names(module: cst.Module) -> Names:
+    """The module's own aliases (``import torch.nn.functional as F``, ``from torch import nn``)."""
+    aliases = {"torch": None, "torch.nn": None, "torch.nn.functional": None}
+    for statement in module.body:
+        if not isinstance(statement, cst.SimpleStatementLine):
+            continue
+        for small in statement.body:
+            if isinstance(small, cst.Import):
+                for alias in small.names:
+                    full = cst.Module([]).code_for_node(alias.name)
+                    if full in aliases:
+                        aliases[full] = alias.asname.name.value if alias.asname else full  # type: ignore[union-attr]
+            elif isinstance(small, cst.ImportFrom) and small.module is not None and not isinstance(
+                    small.names, cst.ImportStar):
+                base = cst.Module([]).code_for_node(small.module)
+                for alias in small.names:
+                    full = f"{base}.{alias.name.value}"
+                    if full in aliases:
+                        aliases[full] = alias.asname.name.value if alias.asname else alias.name.value  # type: ignore
+    torch = aliases["torch"] or "torch"
+    nn = aliases["torch.nn"] or f"{torch}.nn"
+    functional = aliases["torch.nn.functional"] or f"{nn}.functional"
+    return Names(torch, nn, functional)
+
+
+def _with_imports(module: cst.Module, names: Names) -> cst.Module:
+    """Add ``import torch`` when an edit spells ``torch.…`` and the module never imported it."""
+    code = module.code
+    needs_torch = any(n.startswith("torch") for n in (names.torch, names.nn, names.functional))
+    imported = any(isinstance(s, cst.Import) and any(cst.Module([]).code_for_node(a.name) == "torch"
+                                                     for a in s.names)
+                   for line in module.body if isinstance(line, cst.SimpleStatementLine) for s in line.body)
+    if not needs_torch or imported or "torch." not in code:
+        return module
+    index = max((i + 1 for i, line in enumerate(module.body) if isinstance(line, cst.SimpleStatementLine)
+                 and any(isinstance(s, (cst.Import, cst.ImportFrom)) for s in line.body)), default=0)
+    body = list(module.body)
+    body.insert(index, cst.parse_statement("import torch\n"))
+    return module.with_changes(body=body)
+
+
+def _matches(expression: cst.CSTNode, node: fx.Node) -> bool:
+    """Could ``expression`` be the source of ``node``? By the submodule it calls (``self.x_proj(...)``
+    for a call of module ``x_proj``, or for an op an exporting tracer recorded inside it) or by the op."""
+    submodule = (str(node.target) if node.op == "call_module" else module_path(node) or "").rsplit(".", 1)[-1]
+    if isinstance(expression, cst.Call) and submodule and _callee(expression) == submodule:
+        return True
+    if node.op == "call_module":
+        return False
+    name = (op_name(node) or "").rstrip("_")
+    if isinstance(expression, cst.BinaryOperation):
+        operator = {cst.Multiply: "mul", cst.Power: "pow", cst.Add: "add", cst.MatrixMultiply: "matmul"}
+        return operator.get(type(expression.operator)) == name
+    return isinstance(expression, cst.Call) and _callee(expression).rstrip("_") == name
+
+
+def _callee(call: cst.Call) -> str:
+    func = call.func
+    return func.attr.value if isinstance(func, cst.Attribute) else func.value if isinstance(func, cst.Name) else ""
+
+
+def _find(module: cst.Module, positions, change: ExpressionEdit) -> cst.CSTNode:
+    """The one expression at the change's line that can have built its node."""
+    found = [n for n, span in positions.items() if isinstance(n, (cst.Call, cst.BinaryOperation))
+             and span.start.line <= change.line <= span.end.line and _matches(n, change.node)]
+    starting = [n for n in found if positions[n].start.line == change.line] or found
+    if len(starting) != 1:
+        what = "no" if not starting else f"{len(starting)}"
+        raise EditError(f"{what} expression at {change.file.name}:{change.line} matches `{change.node.name}`")
+    return starting[0]
+
+
+def _enclosing_class(module: cst.Module, positions, line: int) -> cst.ClassDef:
+    classes = [n for n, span in positions.items() if isinstance(n, cst.ClassDef)
+               and span.start.line <= line <= span.end.line]
+    if not classes:
+        raise EditError(f"line {line} is not inside a class: nowhere to add a submodule")
+    innermost = max(classes, key=lambda c: positions[c].start.line)
+    if not any(isinstance(s, cst.FunctionDef) and s.name.value == "__init__" for s in innermost.body.body):
+        raise EditError(f"class `{innermost.name.value}` defines no __init__ to add the norm to")
+    return innermost
+
+
+class _Rewriter(cst.CSTTransformer):
+    """Make every expression rewrite and submodule assignment in one pass."""
+
+    def __init__(self, targets, classes, names: Names) -> None:
+        super().__init__()
+        self.targets, self.classes, self.names = targets, classes, names
+        self.current_class: list[cst.ClassDef] = []
+
+    def on_leave(self, original: cst.CSTNode, updated):  # type: ignore[override]
+        updated = super().on_leave(original, updated)
+        for rewrite in self.targets.get(original, ()):
+            updated = rewrite(updated, self.names)
+        return updated
+
+    def visit_ClassDef(self, node: cst.ClassDef) -> bool:
+        self.current_class.append(node)
+        return True
+
+    def leave_ClassDef(self, original: cst.ClassDef, updated: cst.ClassDef) -> cst.ClassDef:
+        self.current_class.pop()
+        return updated
+
+    def leave_FunctionDef(self, original: cst.FunctionDef, updated: cst.FunctionDef) -> cst.FunctionDef:
+        owner = self.current_class[-1] if self.current_class else None
+        if owner is None or original.name.value != "__init__" or owner not in self.classes:
+            return updated
+        existing = cst.Module([]).code_for_node(updated)
+        lines: list[Submodule] = []
+        for sub in self.classes[owner]:
+            if f"self.{sub.attr} =" not in existing and all(s.attr != sub.attr for s in lines):
+                lines.append(sub)
+        statements = [cst.parse_statement(f"self.{s.attr} = {s.constructor(self.names)}\n") for s in lines]
+        body = updated.body
+        assert isinstance(body, cst.IndentedBlock)
+        return updated.with_changes(body=body.with_changes(body=[*body.body, *statements]))
