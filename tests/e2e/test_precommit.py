@@ -89,6 +89,20 @@ def test_action_installs_cpu_torch_uploads_sarif_and_spares_forks():
     assert steps.index(upload) > steps.index(run) and steps.index(fail) > steps.index(upload)
 
 
+def test_action_uploads_the_html_report_and_links_it_from_the_pr_comment():
+    steps = yaml.safe_load((ROOT / "action.yml").read_text())["runs"]["steps"]
+    run = next(s for s in steps if s.get("id") == "qlint")
+    assert "--output html:qlint-report.html" in run["run"] and "--output markdown:qlint-summary.md" in run["run"]
+    artifact = next(s for s in steps if str(s.get("uses", "")).startswith("actions/upload-artifact@"))
+    assert artifact["id"] == "report" and artifact["with"]["path"] == "qlint-report.html"
+    comment = next(s for s in steps if "gh pr comment" in s.get("run", ""))
+    assert comment["env"]["REPORT_URL"] == "${{ steps.report.outputs.artifact-url }}"
+    assert '"$REPORT_URL" >> qlint-summary.md' in comment["run"]  # the link goes into the comment's body
+    assert comment["continue-on-error"] is True  # a fork's token cannot comment: the verdict stands
+    order = [steps.index(s) for s in (run, artifact, comment, steps[-1])]
+    assert order == sorted(order)
+
+
 # -- a real pre-commit run --------------------------------------------------------
 
 MODEL = '''\
