@@ -232,3 +232,26 @@ def test_git_is_not_needed_outside_a_repository(tmp_path):
     shutil.rmtree(_repo(tmp_path, {"cubic.py": CUBIC}) / ".git")
     shown = _qlint(tmp_path, "cubic.py:build_model", "--diff")
     assert shown.returncode == 1 and shown.stdout.startswith("--- a/cubic.py\n")
+
+
+def test_a_model_that_exits_is_one_error_line_and_the_others_still_get_their_patch(tmp_path):
+    exits = "import sys\n\n\ndef build_model():\n    print('chatter')\n    sys.exit(3)\n"
+    repo = _repo(tmp_path, {"cubic.py": CUBIC, "exits.py": exits})
+    both = _qlint(repo, "exits.py:build_model", "cubic.py:build_model", "--diff")
+    assert both.returncode == 1 and both.stdout.startswith("--- a/cubic.py\n")  # chatter kept off the patch
+    assert "qlint: error: exits.py:build_model: the model's code called sys.exit(3)" in both.stderr
+    alone = _qlint(repo, "exits.py:build_model", "--diff")
+    assert (alone.returncode, alone.stdout) == (2, "")
+
+
+def test_show_remedies_attaches_the_patch_to_the_block(tmp_path):
+    import json
+
+    repo = _repo(tmp_path, {"cubic.py": CUBIC})
+    shown = _qlint(repo, "cubic.py:build_model", "--show-remedies", "--output-format", "json")
+    assert shown.returncode == 1, shown.stderr
+    (block,) = json.loads(shown.stdout)["models"][0]["blocks"]
+    (patch,) = block["patches"]
+    assert (patch["kind"], patch["path"], patch["blocks"], patch["q_after"]) == (
+        "lipschitz_activation", "cubic.py", ["Cubic"], 1.0)
+    assert "+        return x + self.w2(nn.functional.gelu(h))\n" in patch["diff"]

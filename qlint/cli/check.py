@@ -161,11 +161,13 @@ def command(
             sys.exit(0)
         _check_writable(output_file, outputs, write_baseline, config.output_format)  # before the analysis, not after
         if show_diff or fix:
-            patched = _source_fixes(config, write=fix, verbose=verbose)
+            patched, failed = _source_fixes(config, write=fix, verbose=verbose)
             if show_diff:
-                sys.exit(1 if patched else 0)
+                sys.exit(1 if patched else 2 if failed else 0)
         report = _analyse(config, remedies=show_remedies, show_traceback=show_traceback, verbose=verbose,
                           jobs=jobs or os.cpu_count() or 1)
+        if show_remedies:
+            _attach_source_patches(config, report)
         if verbose:
             for model in report.models:
                 tried = "; ".join(model.extra.get("trace_attempts", [])) or "none before it"
@@ -218,14 +220,24 @@ def command(
     sys.exit(0)
 
 
-def _source_fixes(config: Any, *, write: bool, verbose: bool) -> int:
-    """Print (``--diff``) or write (``--fix``) the re-certified patches of every model; how many."""
-    from qlint.fixes import repository_root, source_patches, write_atomically
+def _source_fixes(config: Any, *, write: bool, verbose: bool) -> tuple[int, int]:
+    """Print (``--diff``) or write (``--fix``) the re-certified patches of every model: how many patches,
+    and how many models could not be analysed (each named in one line; the others still get theirs)."""
+    from qlint.core.errors import QlintError
+    from qlint.fixes import FixError, repository_root, source_patches, write_atomically
 
     root = repository_root()
     chosen: dict[str, tuple[str, Any]] = {}  # path -> (spec, patch)
+    failed = 0
     for spec in config.models:
-        fixes = source_patches(config, spec, root)
+        try:
+            fixes = source_patches(config, spec, root)
+        except FixError:
+            raise
+        except QlintError as exc:
+            click.echo(f"qlint: error: {exc}", err=True)
+            failed += 1
+            continue
         for patch in fixes.patches:
             if patch.path in chosen and chosen[patch.path][1].patched != patch.patched:
                 click.echo(f"qlint: {spec}: {patch.path} is patched for {chosen[patch.path][0]} already; run again "
@@ -246,7 +258,27 @@ def _source_fixes(config: Any, *, write: bool, verbose: bool) -> int:
         else:
             click.echo(f"# {spec}: {what}, re-checked on the patched source", err=True)
             click.echo(patch.diff, nl=False)
-    return len(chosen)
+    return len(chosen), failed
+
+
+def _attach_source_patches(config: Any, report: Any) -> None:
+    """With --show-remedies, the re-certified source patches of each model's failing blocks (when
+    libcst is installed and the blocks' code is in this repository); a model whose patches cannot be
+    computed keeps its prose remedies."""
+    try:
+        import libcst  # noqa: F401
+    except ImportError:
+        return
+    from qlint.fixes import attach_patches, repository_root, source_patches
+
+    root = repository_root()
+    for model in report.models:
+        if model.failure or all(b.status == "ok" for b in model.blocks):
+            continue
+        try:
+            attach_patches(model, source_patches(config, model.spec, root))
+        except Exception as exc:  # the analysis itself succeeded: its report stands
+            click.echo(f"qlint: {model.spec}: no source patches: {type(exc).__name__}: {exc}", err=True)
 
 
 def _apply_baseline(report: Any, path: Path, *, prune: bool) -> Any:

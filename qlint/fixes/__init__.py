@@ -75,21 +75,25 @@ def repository_root(cwd: Optional[Path] = None) -> Path:
     return Path(out.stdout.strip()).resolve() if out.returncode == 0 and out.stdout.strip() else cwd
 
 
-def source_patches(settings: Any, spec: str, root: Optional[Path] = None) -> Fixes:
-    """The re-certified patches of ``spec`` under ``settings`` (a :class:`qlint.ci.config.Config`)."""
+def source_patches(settings: Any, spec: str, root: Optional[Path] = None, analysis: Any = None) -> Fixes:
+    """The re-certified patches of ``spec`` under ``settings`` (a :class:`qlint.ci.config.Config`);
+    ``analysis``: the spec's analysis when the caller has one already."""
     try:
         import libcst  # noqa: F401
     except ImportError:
         raise FixError("qlint --diff/--fix needs libcst: pip install 'torch-qlint[fix]'") from None
-    from qlint.analysis import run
-    from qlint.api import prepare
     from qlint.fixes.edits import EditError, apply, edits_for
     from qlint.remedies import base_module, propose
     from qlint.remedies.context import BlockContext
 
     root = root or repository_root()
-    loaded, options = prepare(settings, spec)
-    analysis = run(loaded.model, loaded.inputs, spec=spec, options=options)
+    if analysis is None:
+        from qlint.analysis import run
+        from qlint.api import model_code, prepare
+
+        with model_code(spec, f"loading {spec}"):  # its prints go to stderr, a sys.exit() is its error
+            loaded, options = prepare(settings, spec)
+            analysis = run(loaded.model, loaded.inputs, spec=spec, options=options)
     before = _verdicts(analysis.report.blocks)
     base = base_module(analysis)
     fixes = Fixes(spec)
@@ -132,6 +136,16 @@ def source_patches(settings: Any, spec: str, root: Optional[Path] = None) -> Fix
         fixes.patches.append(Patch(relative, path.read_text(), text, tuple(dict.fromkeys(kinds[path])),
                                    tuple(certified), certified))
     return fixes
+
+
+def attach_patches(model: Any, fixes: Fixes) -> None:
+    """``block.extra["patches"]`` of ``model`` (a ModelReport) for each failing block a re-certified
+    source patch fixes (``--show-remedies``; the HTML report shows them as diffs)."""
+    blocks = {b.name: b for b in model.blocks}
+    for patch in fixes.patches:
+        for name in patch.blocks:
+            if name in blocks:
+                blocks[name].extra.setdefault("patches", []).append(patch.to_dict())
 
 
 def _verdicts(blocks: Any) -> dict[str, tuple[Optional[float], str]]:
