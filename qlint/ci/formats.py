@@ -7,7 +7,9 @@
 * ``github``: GitHub Actions workflow-command annotations;
 * ``markdown``: a pull-request comment summary;
 * ``junit``: JUnit XML, one test case per block (and per model-level finding), for CI test reports;
-* ``gitlab``: a GitLab Code Quality report.
+* ``gitlab``: a GitLab Code Quality report;
+* ``html``: one self-contained page (``qlint.ci.html_report``): the ladder, derivation graphs, remedies,
+  measured growth; also what a notebook shows for a report.
 
 Each renderer registers itself with ``@output_format(name)``; :data:`OUTPUT_FORMATS`, the
 names config validation and the CLI accept, is read off that registry, so a new format is
@@ -31,9 +33,10 @@ from typing import IO, Any, Callable, Optional
 from urllib.parse import quote
 
 from qlint._version import DISTRIBUTION, __version__
+from qlint.ci import html_report
 from qlint.ci.identity import finding_key, git_root, relative_path
 from qlint.core.algebra import format_q
-from qlint.core.results import Finding, ModelReport, Report, Source
+from qlint.core.results import Finding, ModelReport, Report, Source, set_html_renderer
 
 
 def _information_uri() -> str:
@@ -548,6 +551,25 @@ def render_gitlab(report: Report) -> str:
                        "fingerprint": hashlib.sha256(model.spec.encode("utf-8")).hexdigest(),
                        "location": {"path": model.spec, "lines": {"begin": 1}}})
     return json.dumps(issues, indent=2, ensure_ascii=False) + "\n"
+
+
+# ---------------------------------------------------------------------------
+# html
+# ---------------------------------------------------------------------------
+
+
+@output_format("html")
+def render_html(report: Report) -> str:
+    """One self-contained page (qlint.ci.html_report): no script, nothing fetched."""
+    return html_report.page(report, summary=summary_line(report))
+
+
+def _notebook_html(report: Report) -> str:
+    """What Jupyter shows for a Report or a ModelReport: the page's body, its style scoped to it."""
+    return html_report.fragment(report, summary=summary_line(report))
+
+
+set_html_renderer(_notebook_html)  # Report._repr_html_ (floor 0 may not import this floor)
 
 
 # ---------------------------------------------------------------------------

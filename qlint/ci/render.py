@@ -135,8 +135,9 @@ def remedies_text(block: Block) -> Text:
     return text
 
 
-def _remedies_signature(block: Block) -> str:
-    """Equal for blocks whose remedies differ only in module paths (layers.0 vs layers.1)."""
+def remedies_signature(block: Block) -> str:
+    """Equal for blocks whose remedies differ only in module paths (layers.0 vs layers.1): shown once
+    (here and in the HTML report)."""
     return repr([{k: v for k, v in r.items() if k != "target"} for r in block.extra["remedies"]])
 
 
@@ -162,7 +163,7 @@ def model_renderable(model: ModelReport, *, show_all_derivations: bool = False) 
             shown[signature] = block.name
             parts.append(derivation_text(block))
         if "remedies" in block.extra:
-            first = remedies_shown.setdefault(_remedies_signature(block), block.name)
+            first = remedies_shown.setdefault(remedies_signature(block), block.name)
             parts.append(remedies_text(block) if first == block.name
                          else Text(f"remedies of {block.name}: same as {first}\n", style="dim"))
     for finding in model.findings:

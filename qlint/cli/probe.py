@@ -20,8 +20,12 @@ from qlint.cli.failures import fail_cleanly
 
 @click.command("probe")
 @click.argument("specs", nargs=-1, metavar="SPEC...")
-@click.option("--format", "--output-format", "output_format", type=click.Choice(["full", "json"]), default="full",
-              show_default=True, help="Report format.")
+@click.option("--format", "--output-format", "output_format", type=click.Choice(["full", "json", "html"]),
+              default="full", show_default=True,
+              help="Report format (html: the page of `qlint --output-format html` with each block's measured growth).")
+@click.option("--plot", "plot_file", type=click.Path(dir_okay=False), default=None, metavar="FILE.png",
+              help="Also write the measured growth curves, one log-log panel per block beside the slope of its "
+                   "static q, as a PNG (needs matplotlib: the plot extra).")
 @click.option("--seed", type=int, default=0, show_default=True, help="Seed of the random probe directions.")
 @click.option("--directions", type=click.IntRange(min=0), default=8, show_default=True,
               help="Random directions per block (plus the worst-case ones: constant, alternating, one-hot and equal "
@@ -70,6 +74,7 @@ def command(
     width: Optional[int],
     show_traceback: bool,
     loop: bool,
+    plot_file: Optional[str],
 ) -> None:
     """Evaluate each block's velocity at scaled inputs in float64, on the traced graph and on
     the model's own submodule, under the parameters as built and adversarial ones; fit its
@@ -78,12 +83,16 @@ def command(
     the forward (eq. 38) and backward (eq. 39) bounds, the overflow depths per number format,
     initialization diagnostics and the init logs QL401-QL405 (max attention logit, attention
     entropy, min per-token spread, max carry, stream RMS growth; warnings, exit code unchanged)."""
+    if loop and (plot_file is not None or output_format == "html"):
+        raise click.UsageError("--plot and --format html draw the measured growth of blocks; --loop measures loops")
     with fail_cleanly(show_traceback):
         from qlint import api
 
         configured = dict(config=config_file, isolated=isolated, mode=mode, tracer=tracer, device=device,
                           input_shapes=list(input_shapes) or None, input_dtype=input_dtype)
         api.models_to_run(list(specs) or None, **configured)  # option and spec errors before torch is imported
+        if plot_file is not None:
+            _require_matplotlib()
         import torch
 
         from qlint.ci.render import make_console
@@ -104,13 +113,37 @@ def command(
                                  power_iterations=iterations, perturb=not no_perturb)
         with _progress(enabled=output_format == "full" and sys.stderr.isatty()) as on_block:
             results = api.probe(list(specs) or None, settings=settings, on_block=on_block, **configured)
+        if plot_file is not None:
+            _plot(results, plot_file)
     if output_format == "json":
         click.echo(json.dumps(as_report(results).to_dict(), indent=2))
+    elif output_format == "html":
+        from qlint.ci.formats import render
+
+        click.echo(render(as_report(results), "html"), nl=False)
     else:
         from qlint.probe.report import print_probe
 
         print_probe(results, make_console(width=width))
     sys.exit(1 if any(result.unsound for result in results) else 0)
+
+
+def _require_matplotlib() -> None:
+    """Exit 2 with one line naming the extra, before any model is probed, when --plot cannot draw."""
+    try:
+        import matplotlib  # noqa: F401
+    except ImportError:
+        click.echo("qlint: error: qlint probe --plot needs matplotlib, which is not installed: "
+                   "pip install 'torch-qlint[plot]'", err=True)
+        sys.exit(2)
+
+
+def _plot(results: list, path: str) -> None:
+    """Write the growth curves of every probed model to ``path``, one panel per block."""
+    from qlint.probe.curves import curves
+    from qlint.probe.plot import write_png
+
+    write_png([(result.report.spec, curve) for result in results for curve in curves(result.report)], path)
 
 
 @contextlib.contextmanager

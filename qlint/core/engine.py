@@ -249,7 +249,7 @@ def _block_result(block: StreamBlock, velocity: Growth, env: dict, graph: GraphF
     if block.older:
         extra["augmented_state"] = [u.name for u in block.older]  # older stream values: q is in the joint state
     q = velocity.q
-    return Block(
+    result = Block(
         name=block.name,
         index=block.index,
         q=q,
@@ -261,6 +261,9 @@ def _block_result(block: StreamBlock, velocity: Growth, env: dict, graph: GraphF
         unknown_ops=sorted({facts(n).label for n in block.region if _unknown_here(n, env)}),
         extra=extra,
     )
+    if result.status != "ok":  # what the HTML report draws (qlint.ci.html); certified blocks need no picture
+        extra["derivation_graph"] = derivation_graph(block, env, graph, threshold, dominant_step(result))
+    return result
 
 
 def _transition_result(index: int, transition: StreamTransition, env: dict, graph: GraphFacts, threshold: float,
@@ -362,6 +365,53 @@ def derive(start: fx.Node, stream: fx.Node, env: dict, graph: GraphFacts, final_
     return steps
 
 
+def derivation_graph(block: StreamBlock, env: dict, graph: GraphFacts, threshold: float,
+                     dominant: Optional[DerivationStep]) -> dict[str, Any]:
+    """The block's data flow from X_k, small enough to draw and to keep in the JSON report.
+
+    The chain of :func:`derive` shows one path; this shows every op that depends on X_k, one node
+    per (op, exponent, source line): an unrolled loop's copies are one node with their ``count``, and
+    plumbing (views, getitem) is contracted into the edges. Edges run in graph order only (a loop's
+    way back would close a cycle), so the record is a DAG. ``dominant``: the index of the node where q
+    reached the block's value.
+    """
+    inputs = {block.stream: "block input X_k", **{node: "older stream value X_j" for node in block.older}}
+    keys: dict[fx.Node, tuple] = {node: (label, "1", source_of(block.join if node is block.stream else node))
+                                  for node, label in inputs.items()}
+    inside = {*block.region, *block.post_region}
+    for node in inside:
+        info = facts(node)
+        if node in env and joint(env[node]).depends and not info.plumbing and not info.meta_output:
+            keys[node] = (primitive_name(node), algebra.format_q(joint(env[node]).q), source_of(node))
+    index: dict[tuple, int] = {}
+    nodes: list[dict[str, Any]] = []
+    for node in sorted(keys, key=graph.order.__getitem__):
+        key = keys[node]
+        if key not in index:
+            index[key] = len(nodes)
+            q = 1.0 if node in inputs else joint(env[node]).q
+            nodes.append({"op": key[0], "q": key[1], "status": _status(q, threshold, False),
+                          "source": key[2].to_dict() if key[2] else None, "count": 0})
+        nodes[index[key]]["count"] += 1
+    feeding: dict[fx.Node, set[fx.Node]] = {}
+
+    def kept_parents(node: fx.Node) -> set[fx.Node]:
+        """The kept nodes whose values reach ``node`` through contracted plumbing only."""
+        if node not in feeding:
+            feeding[node] = set()
+            for parent in graph.parents.get(node, ()):
+                if parent in keys:
+                    feeding[node].add(parent)
+                elif parent in inside:
+                    feeding[node] |= kept_parents(parent)
+        return feeding[node]
+
+    edges = sorted({(index[keys[parent]], index[keys[node]]) for node in keys if node not in inputs
+                    for parent in kept_parents(node) if index[keys[parent]] < index[keys[node]]})
+    dominant_index = next((index[key] for node, key in keys.items() if dominant and node.name == dominant.node), None)
+    return {"nodes": nodes, "edges": [list(edge) for edge in edges], "dominant": dominant_index}
+
+
 def primitive_name(node: fx.Node) -> str:
     info = facts(node)
     if isinstance(info.relation, relations.Normalisation):
@@ -418,4 +468,5 @@ def relative(path: str) -> str:
     return path if rel.startswith("..") else rel
 
 
-__all__ = ["Analysis", "analyse_graph", "derive", "dominant_step", "primitive_name", "source_of", "velocity_of"]
+__all__ = ["Analysis", "analyse_graph", "derivation_graph", "derive", "dominant_step", "primitive_name", "source_of",
+           "velocity_of"]

@@ -6,18 +6,37 @@ knows about torch, so the report can be built, compared and printed cheaply.
 
 from __future__ import annotations
 
+import html
 import math
 from dataclasses import dataclass, field
-from typing import Any, Literal, Optional
+from typing import Any, Callable, Literal, Optional
 
 from qlint._version import __version__
-from qlint.core.algebra import Exponent
+from qlint.core.algebra import Exponent, format_q
 
 Severity = Literal["error", "warning", "info"]
 BlockStatus = Literal["ok", "supercritical", "uncertified"]
 Verdict = Literal["certified", "supercritical", "uncertified", "failed"]
 Suppression = Literal["noqa", "per-block-ignores", "per-model-ignores", "baseline"]
 SEVERITY_RANK = {"info": 0, "warning": 1, "error": 2}
+
+# The HTML page a notebook shows for a report. It is drawn on floor 4 (qlint.ci.formats registers its
+# ``html`` format here when imported, as qlint.api does), and this floor may not import it.
+_html_renderer: Optional[Callable[[Report], str]] = None
+
+
+def set_html_renderer(renderer: Callable[[Report], str]) -> None:
+    """Make ``renderer`` draw ``Report._repr_html_`` and ``ModelReport._repr_html_``."""
+    global _html_renderer
+    _html_renderer = renderer
+
+
+def _repr_html(report: Report) -> str:
+    """The registered HTML page, or the verdict per model as preformatted text when none is."""
+    if _html_renderer is not None:
+        return _html_renderer(report)
+    lines = [f"{m.spec}: {m.verdict}, max q = {format_q(m.max_q)}" for m in report.models]
+    return "<pre>" + html.escape("\n".join(lines)) + "</pre>"
 
 
 @dataclass(frozen=True)
@@ -217,6 +236,10 @@ class ModelReport:
             return "supercritical"
         return "certified"
 
+    def _repr_html_(self) -> str:
+        """The HTML report of this model alone (Jupyter calls this)."""
+        return _repr_html(Report([self]))
+
     def block(self, name: str) -> Block:
         """The block with this name (KeyError if none): handy in users' tests."""
         for candidate in self.blocks:
@@ -269,6 +292,10 @@ class Report:
 
     def count(self, severity: Severity) -> int:
         return sum(1 for f in self.findings if f.severity == severity)
+
+    def _repr_html_(self) -> str:
+        """The HTML report (``--output-format html``); Jupyter calls this."""
+        return _repr_html(self)
 
     def to_dict(self) -> dict[str, Any]:
         return {

@@ -35,6 +35,7 @@ from qlint.core.graph import run_cone
 from qlint.core.results import ModelReport, Report
 from qlint.core.trace import non_finite_parameters, tensor_outputs
 from qlint.probe import bounds as probe_bounds
+from qlint.probe import curves as growth_curves
 from qlint.probe import init as probe_init
 from qlint.probe.spectral import least_squares_slope, log_norm, operator_norm, stable_norm
 from qlint.probe.witness import AS_BUILT, directions, perturbations
@@ -345,6 +346,7 @@ class BlockProbe:
             "lipschitz": self.lipschitz,
             **({"lipschitz_error": self.lipschitz_error} if self.lipschitz_error else {}),
             "cost": {"seconds": round(self.seconds, 3), "evaluations": self.evaluations},
+            "growth_curve": growth_curves.record(self.typical or [fit for fit in self.fits if fit.graph_as_built]),
         }
 
 

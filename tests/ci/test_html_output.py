@@ -1,0 +1,168 @@
+"""The HTML report: the ladder, the derivation graphs, remedies, escaping, the notebook repr and a
+real browser's rendering of it."""
+
+from __future__ import annotations
+
+import json
+import pickle
+import re
+import shutil
+import subprocess
+from collections import Counter
+
+import pytest
+from click.testing import CliRunner
+
+from qlint.analysis import Options, run_specs
+from qlint.ci import html_report
+from qlint.ci.formats import render
+from qlint.cli import main
+from qlint.core import results
+from qlint.core.results import Block, Finding, ModelReport, Report, Source
+from conftest import fixture_spec
+
+NATIVE, RMSNORM = fixture_spec("mamba.py:native"), fixture_spec("mamba.py:rmsnorm")
+BROWSERS = ("chromium", "chromium-browser", "google-chrome", "headless_shell")
+
+
+@pytest.fixture(scope="module")
+def native() -> Report:
+    return run_specs([NATIVE], Options(witness=False))
+
+
+@pytest.fixture(scope="module")
+def certified() -> Report:
+    return run_specs([RMSNORM], Options(witness=False))
+
+
+def _graphs(page: str) -> int:
+    return page.count('aria-label="derivation graph"')
+
+
+def test_the_engine_records_the_derivation_graph_of_failing_blocks(native, certified):
+    record = native.models[0].blocks[0].extra["derivation_graph"]
+    nodes = record["nodes"]
+    assert nodes[0]["op"] == "block input X_k"
+    dominant = nodes[record["dominant"]]
+    assert (dominant["op"], dominant["q"], dominant["source"]["line"]) == ("Hadamard product", "5", 115)
+    assert all(source < target for source, target in record["edges"])  # a DAG, in graph order
+    assert [0, len(nodes) - 1] in record["edges"]  # the skip: X_k to the join
+    assert max(node["count"] for node in nodes) == 8  # the scan, unrolled over the 8 steps, is one node per op
+    assert {node["status"] for node in nodes} == {"ok", "supercritical"}
+    assert all("derivation_graph" not in block.extra for block in certified.models[0].blocks)
+
+
+def test_the_derivation_graph_survives_json_and_the_cache(native):
+    model = native.models[0]
+    record = model.blocks[0].extra["derivation_graph"]
+    assert json.loads(json.dumps(model.to_dict()))["blocks"][0]["derivation_graph"] == record
+    assert pickle.loads(pickle.dumps(model)).blocks[0].extra["derivation_graph"] == record  # the result cache pickles
+
+
+def test_html_shows_every_block_its_q_and_the_graph_of_each_failing_block(native):
+    page = render(native, "html")
+    assert page.startswith("<!DOCTYPE html>") and page.rstrip().endswith("</html>")
+    for block in native.models[0].blocks:
+        assert re.search(rf"<code>{re.escape(block.name)}</code></td><td class=\"q\">5</td>", page)
+    assert _graphs(page) == 1  # layers.1 repeats layers.0 and is named, not drawn again
+    assert "derivation graph: the same as <code>layers.0</code>" in page
+    assert f'fill="{html_report.DOMINANT_FILL}"' in page and "Hadamard product · q=5" in page
+    assert "qlint/zoo/mamba.py:115" in page and "QL101" in page
+    for reference in ("http://", "https://", "<script", "src=", "@import", "url(http"):
+        assert reference not in page
+
+
+def test_a_certified_model_has_a_ladder_and_no_graph(certified):
+    page = render(certified, "html")
+    assert 'class="ladder"' in page and page.count('<td class="q">0</td>') == 2
+    assert _graphs(page) == 0 and ">certified</span>" in page
+
+
+def test_cli_writes_the_html_report_and_exits_1(tmp_path):
+    target = tmp_path / "out" / "report.html"
+    result = CliRunner().invoke(main, [NATIVE, "--isolated", "--no-cache", "--no-witness",
+                                       "--output-format", "html", "-o", str(target)])
+    assert result.exit_code == 1, result.output
+    page = target.read_text()
+    assert _graphs(page) == 1 and "layers.1" in page
+    copy = tmp_path / "copy.html"
+    result = CliRunner().invoke(main, [RMSNORM, "--isolated", "--no-cache", "--no-witness",
+                                       "--output", f"html:{copy}"])
+    assert result.exit_code == 0, result.output
+    assert 'class="ladder"' in copy.read_text()
+
+
+def _hostile() -> Report:
+    name = '<script>alert("x")</script>'
+    graph = {"nodes": [{"op": "<img src=x onerror=alert(1)>", "q": "2", "status": "supercritical",
+                        "source": {"file": "m&<u>.py", "line": 3}, "count": 1}], "edges": [], "dominant": 0}
+    patches = [{"kind": "preln", "path": "m.py", "q_after": 0.0,
+                "diff": "--- a/m.py\n+++ b/m.py\n@@ -1 +1 @@\n-return x + f(x)  # </pre>\n+return x + f(norm(x))\n"}]
+    block = Block(name, 0, 2.0, "supercritical", [], dominant="<u>gate</u>", source=Source("m.py", 1),
+                  extra={"derivation_graph": graph, "patches": patches})
+    finding = Finding("QL101", "error", f"block `{name}` is supercritical", name, Source("m.py", 1))
+    return Report([ModelReport('m.py:"<evil>"', "fx", "eval", [block], [finding])])
+
+
+def test_everything_from_the_model_is_escaped():
+    page = render(_hostile(), "html")
+    assert "<script" not in page and "<img" not in page and "<u>" not in page and '"<evil>"' not in page
+    assert "&lt;script&gt;alert(&quot;x&quot;)&lt;/script&gt;" in page
+    assert "&lt;img src=x onerror=alert(1)&gt;" in page and "m&amp;&lt;u&gt;.py:3" in page
+    assert html_report.escape("a'b\"<&>") == "a&#x27;b&quot;&lt;&amp;&gt;"
+
+
+def test_patches_are_drawn_as_coloured_diffs():
+    page = render(_hostile(), "html")
+    assert '<span class="del">-return x + f(x)  # &lt;/pre&gt;</span>' in page
+    assert '<span class="add">+return x + f(norm(x))</span>' in page
+    assert '<span class="hunk">@@ -1 +1 @@</span>' in page
+    assert '<span class="context">+++ b/m.py</span>' in page  # file headers are not additions
+
+
+def test_the_notebook_shows_the_report(native):
+    formatters = pytest.importorskip("IPython.core.formatters")
+    formatter = formatters.DisplayFormatter()
+    for shown in (native, native.models[0]):
+        data, _ = formatter.format(shown)
+        assert 'class="ladder"' in data["text/html"] and _graphs(data["text/html"]) == 1
+        assert "<!DOCTYPE" not in data["text/html"]  # a fragment with its style scoped to .qlint
+
+
+def test_without_a_registered_renderer_the_repr_is_plain_text(native, monkeypatch):
+    monkeypatch.setattr(results, "_html_renderer", None)
+    assert native._repr_html_() == f"<pre>{NATIVE}: supercritical, max q = 5</pre>"
+
+
+# --- a real browser ------------------------------------------------------------------------------
+
+
+def _browser() -> str:
+    found = next((shutil.which(name) for name in BROWSERS if shutil.which(name)), None)
+    if found is None:
+        pytest.skip(f"no headless browser found (looked for {', '.join(BROWSERS)}): the page is not rendered")
+    return found
+
+
+def _rgb(colour: str) -> tuple[int, int, int]:
+    return int(colour[1:3], 16), int(colour[3:5], 16), int(colour[5:7], 16)
+
+
+def test_chromium_renders_the_ladder_and_a_derivation_graph(native, tmp_path):
+    browser = _browser()
+    image_module = pytest.importorskip("PIL.Image")
+    page = tmp_path / "mamba.html"
+    page.write_text(render(native, "html"))
+    shot = tmp_path / "mamba.png"
+    subprocess.run([browser, "--headless", "--no-sandbox", "--disable-gpu", "--hide-scrollbars",
+                    "--window-size=1300,2200", f"--screenshot={shot}", page.as_uri()],
+                   capture_output=True, timeout=120, check=True)
+    image = image_module.open(shot).convert("RGB")
+    colours = Counter({colour: count for count, colour in image.getcolors(1 << 24)})
+    assert len(colours) > 50 and colours.most_common(1)[0][1] < 0.97 * image.size[0] * image.size[1]  # not blank
+    bar = bytes(_rgb(html_report.STATUS_COLOUR["supercritical"])) * 240  # q = 5 of max q 5: the whole 260px track
+    assert bar in image.tobytes()  # a run of 240 pixels in a row: a ladder bar, not a verdict badge
+    box = html_report.NODE_WIDTH * html_report.NODE_HEIGHT
+    assert colours[_rgb(html_report.DOMINANT_FILL)] >= 0.6 * box  # the dominant op's box
+    assert colours[_rgb(html_report.NODE_FILL["supercritical"])] >= 5 * 0.6 * box  # the supercritical ops' boxes
+    assert colours[_rgb(html_report.NODE_FILL["ok"])] >= 5 * 0.6 * box
