@@ -19,49 +19,7 @@ pytest.importorskip("libcst")
 ROOT = Path(__file__).resolve().parents[1]
 ENV = {**os.environ, "OMP_NUM_THREADS": "1", "QLINT_NO_CACHE": "1"}
 
-CUBIC = '''\
-import torch
-from torch import nn
-
-
-class Cubic(nn.Module):
-    """x + W2 (W1 x)**3: q = 3."""
-
-    def __init__(self, d: int = 8):
-        super().__init__()
-        self.w1 = nn.Linear(d, d)
-        self.w2 = nn.Linear(d, d)
-
-    def forward(self, x):
-        # the hidden state, cubed (keep this comment)
-        h = self.w1( x )   # odd spacing stays too
-        return x + self.w2(h ** 3)
-
-
-def build_model():
-    torch.manual_seed(0)
-    return Cubic(), (torch.randn(4, 8),)
-'''
-
-EXP = '''\
-import torch
-from torch import nn
-
-
-class ExpBlock(nn.Module):
-    def __init__(self, d: int = 8):
-        super().__init__()
-        self.w1 = nn.Linear(d, d)
-        self.w2 = nn.Linear(d, d)
-
-    def forward(self, x):
-        return x + self.w2(torch.exp(self.w1(x)))
-
-
-def build_model():
-    torch.manual_seed(0)
-    return ExpBlock(), (torch.randn(4, 8),)
-'''
+FIXABLE = (ROOT / "fixtures/fixable.py").read_text()
 
 
 def _repo(tmp_path: Path, files: dict[str, str]) -> Path:
@@ -126,31 +84,31 @@ def _trains(path: Path, builder: str, steps: int = 3) -> list[float]:
 
 
 def test_fix_rewrites_the_cubic_keeps_comments_and_formatting_and_the_block_certifies(tmp_path):
-    repo = _repo(tmp_path, {"cubic.py": CUBIC})
-    fixed = _qlint(repo, "cubic.py:build_model", "--fix")
+    repo = _repo(tmp_path, {"fixable.py": FIXABLE})
+    fixed = _qlint(repo, "fixable.py:cubic", "--fix")
     assert fixed.returncode == 0, fixed.stderr
-    assert "fixed cubic.py (lipschitz_activation certifies `Cubic`)" in fixed.stderr
+    assert "fixed fixable.py (lipschitz_activation certifies `Cubic`)" in fixed.stderr
     assert "│ Cubic │ 1 │ ok" in fixed.stdout  # the re-lint after the fix
-    text = (repo / "cubic.py").read_text()
-    assert "return x + self.w2(nn.functional.gelu(h))" in text
+    text = (repo / "fixable.py").read_text()
+    assert "return x + self.down(nn.functional.gelu(h))" in text
     assert "# the hidden state, cubed (keep this comment)" in text
-    assert "h = self.w1( x )   # odd spacing stays too" in text
-    assert text.replace("self.w2(nn.functional.gelu(h))", "self.w2(h ** 3)") == CUBIC  # nothing else moved
-    again = _qlint(repo, "cubic.py:build_model", "--diff")
+    assert "h = self.up( x )   # odd spacing stays too" in text
+    assert text.replace("self.down(nn.functional.gelu(h))", "self.down(h ** 3)") == FIXABLE  # nothing else moved
+    again = _qlint(repo, "fixable.py:cubic", "--diff")
     assert (again.returncode, again.stdout) == (0, "")  # nothing left to fix
-    assert all(torch.isfinite(torch.tensor(_trains(repo / "cubic.py", "build_model"))))
+    assert all(torch.isfinite(torch.tensor(_trains(repo / "fixable.py", "cubic"))))
 
 
 def test_diff_is_a_patch_git_applies_and_exits_one(tmp_path):
-    repo = _repo(tmp_path, {"models/exp_block.py": EXP})
-    shown = _qlint(repo, "models/exp_block.py:build_model", "--diff")
+    repo = _repo(tmp_path, {"models/fixable.py": FIXABLE})
+    shown = _qlint(repo, "models/fixable.py:exp_block", "--diff")
     assert shown.returncode == 1, shown.stderr
-    assert shown.stdout.startswith("--- a/models/exp_block.py\n+++ b/models/exp_block.py\n")
-    assert "+        return x + self.w2(torch.exp(-nn.functional.softplus(self.w1(x))))" in shown.stdout
-    assert (repo / "models/exp_block.py").read_text() == EXP  # --diff writes nothing
+    assert shown.stdout.startswith("--- a/models/fixable.py\n+++ b/models/fixable.py\n")
+    assert "+        return x + self.down(torch.exp(-nn.functional.softplus(self.up(x))))" in shown.stdout
+    assert (repo / "models/fixable.py").read_text() == FIXABLE  # --diff writes nothing
     (repo / "fix.patch").write_text(shown.stdout)
     subprocess.run(["git", "apply", "fix.patch"], cwd=repo, check=True)
-    assert _qlint(repo, "models/exp_block.py:build_model").returncode == 0
+    assert _qlint(repo, "models/fixable.py:exp_block").returncode == 0
 
 
 def test_fix_on_a_copy_of_the_bundled_mamba_certifies_and_trains(tmp_path):
@@ -160,8 +118,9 @@ def test_fix_on_a_copy_of_the_bundled_mamba_certifies_and_trains(tmp_path):
     assert "fixed zoo/mamba.py (linear_growth certifies `layers.0`, `layers.1`)" in fixed.stderr
     assert "max q = 1 over 2 blocks" in fixed.stdout
     text = (repo / "zoo/mamba.py").read_text()
-    assert "params = self.x_proj(F.normalize(F.normalize(x, dim=-1) if self.linear_growth else x, dim=-1))" in text
-    assert "gate = torch.sigmoid(z) if self.linear_growth else torch.sigmoid(z)" in text
+    # only the branch the trace ran is edited, and a conditional whose branches became equal folds
+    assert "params = self.x_proj(F.normalize(x, dim=-1))\n" in text
+    assert "gate = torch.sigmoid(z)\n" in text
     assert "# S4D-real" in text  # the file's comments stay
     losses = _trains(repo / "models.py", "native")
     assert all(torch.isfinite(torch.tensor(losses)))
@@ -183,13 +142,15 @@ def test_a_patch_that_does_not_recertify_is_never_shown(tmp_path, monkeypatch):
     from qlint.api import configure
     from qlint.fixes import edits, source_patches
 
-    repo = _repo(tmp_path, {"cubic.py": CUBIC})
+    repo = _repo(tmp_path, {"fixable.py": FIXABLE})
     monkeypatch.chdir(repo)
-    wrong = edits.replace_by(lambda names, h: edits._call("torch.abs", h))  # |h| ** 3 is still cubic ...
+    def wrong(expression, names):  # h ** 3 -> torch.abs(h ** 3): still cubic
+        return edits._call("torch.abs", expression)
+
     monkeypatch.setitem(edits.SOURCE_EDITS, "lipschitz_activation",
-                        lambda context, root: [edits._expression(context, context.dominant().args[0], root, wrong)])
-    fixes = source_patches(configure(["cubic.py:build_model"], isolated=True, no_cache=True, witness=False),
-                           "cubic.py:build_model")
+                        lambda context, root: [edits._expression(context, context.dominant(), root, wrong)])
+    fixes = source_patches(configure(["fixable.py:cubic"], isolated=True, no_cache=True, witness=False),
+                           "fixable.py:cubic")
     (patch,) = fixes.patches
     assert patch.kinds == ("preln",) and "torch.abs" not in patch.patched
     assert "lipschitz_activation: the patched source leaves the block at q = 3" in fixes.dropped["Cubic"][0]
@@ -199,8 +160,8 @@ def test_code_outside_the_repository_gets_the_reason_not_a_patch(tmp_path):
     """A block whose code is installed library code (here: a module outside the repository on sys.path)."""
     vendor = tmp_path / "vendor"
     vendor.mkdir()
-    (vendor / "vendor_models.py").write_text(CUBIC)
-    repo = _repo(tmp_path / "repo", {"models.py": "from vendor_models import build_model\n"})
+    (vendor / "vendor_models.py").write_text(FIXABLE)
+    repo = _repo(tmp_path / "repo", {"models.py": "from vendor_models import cubic as build_model\n"})
     shown = subprocess.run([sys.executable, "-m", "qlint", "models.py:build_model", "--no-cache", "--diff"], cwd=repo,
                            env={**ENV, "PYTHONPATH": str(vendor)}, capture_output=True, text=True, timeout=900)
     assert (shown.returncode, shown.stdout) == (0, ""), shown.stderr
@@ -211,13 +172,13 @@ def test_code_outside_the_repository_gets_the_reason_not_a_patch(tmp_path):
 def test_remedy_as_patch_needs_a_spec_and_returns_the_patches(tmp_path, monkeypatch):
     import qlint
 
-    repo = _repo(tmp_path, {"cubic.py": CUBIC})
+    repo = _repo(tmp_path, {"fixable.py": FIXABLE})
     monkeypatch.chdir(repo)
     with pytest.raises(ValueError, match="as_patch=True needs the model as a spec"):
         qlint.remedy(torch.nn.Linear(2, 2), as_patch=True)
-    (patch,) = qlint.remedy("cubic.py:build_model", as_patch=True)
-    assert (patch.path, patch.kinds, patch.q_after) == ("cubic.py", ("lipschitz_activation",), {"Cubic": 1.0})
-    assert "+        return x + self.w2(nn.functional.gelu(h))" in patch.diff
+    (patch,) = qlint.remedy("fixable.py:cubic", as_patch=True)
+    assert (patch.path, patch.kinds, patch.q_after) == ("fixable.py", ("lipschitz_activation",), {"Cubic": 1.0})
+    assert "+        return x + self.down(nn.functional.gelu(h))" in patch.diff
 
 
 def test_without_libcst_the_flags_fail_in_one_line(tmp_path, monkeypatch):
@@ -225,20 +186,20 @@ def test_without_libcst_the_flags_fail_in_one_line(tmp_path, monkeypatch):
     from qlint.fixes import FixError, source_patches
 
     with pytest.raises(FixError, match=r"needs libcst: pip install 'torch-qlint\[fix\]'"):
-        source_patches(None, "cubic.py:build_model", tmp_path)
+        source_patches(None, "fixable.py:cubic", tmp_path)
 
 
 def test_git_is_not_needed_outside_a_repository(tmp_path):
-    shutil.rmtree(_repo(tmp_path, {"cubic.py": CUBIC}) / ".git")
-    shown = _qlint(tmp_path, "cubic.py:build_model", "--diff")
-    assert shown.returncode == 1 and shown.stdout.startswith("--- a/cubic.py\n")
+    shutil.rmtree(_repo(tmp_path, {"fixable.py": FIXABLE}) / ".git")
+    shown = _qlint(tmp_path, "fixable.py:cubic", "--diff")
+    assert shown.returncode == 1 and shown.stdout.startswith("--- a/fixable.py\n")
 
 
 def test_a_model_that_exits_is_one_error_line_and_the_others_still_get_their_patch(tmp_path):
     exits = "import sys\n\n\ndef build_model():\n    print('chatter')\n    sys.exit(3)\n"
-    repo = _repo(tmp_path, {"cubic.py": CUBIC, "exits.py": exits})
-    both = _qlint(repo, "exits.py:build_model", "cubic.py:build_model", "--diff")
-    assert both.returncode == 1 and both.stdout.startswith("--- a/cubic.py\n")  # chatter kept off the patch
+    repo = _repo(tmp_path, {"fixable.py": FIXABLE, "exits.py": exits})
+    both = _qlint(repo, "exits.py:build_model", "fixable.py:cubic", "--diff")
+    assert both.returncode == 1 and both.stdout.startswith("--- a/fixable.py\n")  # chatter kept off the patch
     assert "qlint: error: exits.py:build_model: the model's code called sys.exit(3)" in both.stderr
     alone = _qlint(repo, "exits.py:build_model", "--diff")
     assert (alone.returncode, alone.stdout) == (2, "")
@@ -247,11 +208,61 @@ def test_a_model_that_exits_is_one_error_line_and_the_others_still_get_their_pat
 def test_show_remedies_attaches_the_patch_to_the_block(tmp_path):
     import json
 
-    repo = _repo(tmp_path, {"cubic.py": CUBIC})
-    shown = _qlint(repo, "cubic.py:build_model", "--show-remedies", "--output-format", "json")
+    repo = _repo(tmp_path, {"fixable.py": FIXABLE})
+    shown = _qlint(repo, "fixable.py:cubic", "--show-remedies", "--output-format", "json")
     assert shown.returncode == 1, shown.stderr
     (block,) = json.loads(shown.stdout)["models"][0]["blocks"]
     (patch,) = block["patches"]
     assert (patch["kind"], patch["path"], patch["blocks"], patch["q_after"]) == (
-        "lipschitz_activation", "cubic.py", ["Cubic"], 1.0)
-    assert "+        return x + self.w2(nn.functional.gelu(h))\n" in patch["diff"]
+        "lipschitz_activation", "fixable.py", ["Cubic"], 1.0)
+    assert "+        return x + self.down(nn.functional.gelu(h))\n" in patch["diff"]
+
+
+def test_two_different_failing_blocks_each_get_their_remedy_in_one_patch(tmp_path):
+    """The cubic block's patch is kept though the exp block beside it stays at q = inf (not worse),
+    then the exp block's builds on it: one file, both remedies, and the re-run certifies."""
+    two = textwrap.dedent('''\
+        import torch
+        from torch import nn
+
+        from fixable import Cubic, ExpBlock
+
+
+        def build_model():
+            torch.manual_seed(0)
+            return nn.Sequential(Cubic(), ExpBlock()), (torch.randn(4, 8),)
+        ''')
+    repo = _repo(tmp_path, {"fixable.py": FIXABLE, "two.py": two})
+    fixed = _qlint(repo, "two.py:build_model", "--fix")
+    assert fixed.returncode == 0, fixed.stderr
+    assert "fixed fixable.py (lipschitz_activation, bounded_exp certifies `0`, `1`)" in fixed.stderr
+    assert "max q = 1 over 2 blocks" in fixed.stdout
+    text = (repo / "fixable.py").read_text()
+    assert "return x + self.down(nn.functional.gelu(h))" in text
+    assert "return x + self.down(torch.exp(-nn.functional.softplus(self.up(x))))" in text
+    assert all(torch.isfinite(torch.tensor(_trains(repo / "two.py", "build_model"))))
+
+
+def test_a_recheck_is_judged_on_every_block_and_on_the_findings_that_fail_the_run():
+    from qlint.fixes import _problem
+
+    before = {"blocks": {"a": (3.0, "supercritical"), "b": (float("inf"), "supercritical"), "c": (1.0, "ok")},
+              "findings": [("QL101", "error", "a"), ("QL103", "error", "b")]}
+
+    def after(blocks, findings=()):
+        return {"failure": None, "blocks": {**before["blocks"], **blocks}, "findings": [("QL103", "error", "b"),
+                                                                                         *findings]}
+
+    def fails(severity):
+        return severity == "error"
+
+    assert _problem(after({"a": (1.0, "ok")}), before, "a", fails) is None  # b stays at inf: not worse
+    assert _problem(after({"a": (2.0, "supercritical")}), before, "a", fails) == (
+        "the patched source leaves the block at q = 2.0")
+    assert _problem(after({"a": (1.0, "ok"), "c": (2.0, "supercritical")}), before, "a", fails) == (
+        "block `c` would no longer certify")
+    assert _problem(after({"a": (1.0, "ok"), "b": (None, "uncertified")}), before, "a", fails) == (
+        "block `b` would get worse (q = inf -> None)")
+    assert _problem(after({"a": (1.0, "ok")}, [("QL106", "error", None)]), before, "a", fails) == (
+        "the patched source adds QL106")
+    assert _problem(after({"a": (1.0, "ok")}, [("QL204", "warning", "a")]), before, "a", fails) is None
