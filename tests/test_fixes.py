@@ -156,17 +156,20 @@ def test_a_patch_that_does_not_recertify_is_never_shown(tmp_path, monkeypatch):
     assert "lipschitz_activation: the patched source leaves the block at q = 3" in fixes.dropped["Cubic"][0]
 
 
-def test_code_outside_the_repository_gets_the_reason_not_a_patch(tmp_path):
-    """A block whose code is installed library code (here: a module outside the repository on sys.path)."""
-    vendor = tmp_path / "vendor"
-    vendor.mkdir()
+@pytest.mark.parametrize(("folder", "named"), [("vendor", "/vendor/vendor_models.py`"),
+                                              ("repo/.venv/lib/python3.11/site-packages", "`vendor_models.py`")])
+def test_code_outside_the_repository_gets_the_reason_not_a_patch(tmp_path, folder, named):
+    """A block whose code is library code: a module outside the repository on sys.path, or one installed
+    in a virtual environment inside the repository (named from its package on)."""
+    vendor = tmp_path / folder
+    vendor.mkdir(parents=True)
     (vendor / "vendor_models.py").write_text(FIXABLE)
     repo = _repo(tmp_path / "repo", {"models.py": "from vendor_models import cubic as build_model\n"})
     shown = subprocess.run([sys.executable, "-m", "qlint", "models.py:build_model", "--no-cache", "--diff"], cwd=repo,
                            env={**ENV, "PYTHONPATH": str(vendor)}, capture_output=True, text=True, timeout=900)
     assert (shown.returncode, shown.stdout) == (0, ""), shown.stderr
     assert "no patch certifies block `Cubic`: lipschitz_activation: `" in shown.stderr
-    assert "vendor_models.py` is library code: qlint patches only files in your repository" in shown.stderr
+    assert f"{named} is library code: qlint patches only files in your repository" in shown.stderr
 
 
 def test_remedy_as_patch_needs_a_spec_and_returns_the_patches(tmp_path, monkeypatch):
@@ -266,3 +269,70 @@ def test_a_recheck_is_judged_on_every_block_and_on_the_findings_that_fail_the_ru
     assert _problem(after({"a": (1.0, "ok")}, [("QL106", "error", None)]), before, "a", fails) == (
         "the patched source adds QL106")
     assert _problem(after({"a": (1.0, "ok")}, [("QL204", "warning", "a")]), before, "a", fails) is None
+
+
+def test_a_norm_added_above_does_not_shift_the_next_blocks_edit(tmp_path):
+    """Pre-LN for the bilinear block adds a line to its __init__; the cubic block below is still edited at
+    its own line (every edit is made on the original text), and the one diff git applies certifies both."""
+    two = textwrap.dedent('''\
+        import torch
+        from torch import nn
+
+
+        class Bilinear(nn.Module):
+            def __init__(self, d: int = 8):
+                super().__init__()
+                self.a, self.b, self.c = nn.Linear(d, d), nn.Linear(d, d), nn.Linear(d, d)
+
+            def forward(self, x):
+                return x + self.c(self.a(x) * self.b(x))
+
+
+        class Cubic(nn.Module):
+            def __init__(self, d: int = 8):
+                super().__init__()
+                self.up, self.down = nn.Linear(d, d), nn.Linear(d, d)
+
+            def forward(self, x):
+                return x + self.down(self.up(x) ** 3)
+
+
+        def build_model():
+            torch.manual_seed(0)
+            return nn.Sequential(Bilinear(), Cubic()), (torch.randn(4, 8),)
+        ''')
+    repo = _repo(tmp_path, {"two.py": two})
+    shown = _qlint(repo, "two.py:build_model", "--diff")
+    assert shown.returncode == 1, shown.stderr
+    assert "# two.py:build_model: preln, lipschitz_activation certifies `0`, `1`" in shown.stderr
+    assert "+        self.qlint_preln = nn.LayerNorm(8)\n" in shown.stdout
+    assert "+        return x + self.down(nn.functional.gelu(self.up(x)))\n" in shown.stdout
+    (repo / "fix.patch").write_text(shown.stdout)
+    subprocess.run(["git", "apply", "fix.patch"], cwd=repo, check=True)
+    assert _qlint(repo, "two.py:build_model").returncode == 0
+
+
+def test_a_conditional_whose_branches_an_edit_made_equal_folds_keeping_its_parentheses():
+    import libcst as cst
+
+    from qlint.fixes.edits import _folded
+
+    def fold(code: str) -> str:
+        expression = cst.parse_expression(code)
+        if isinstance(expression, cst.Attribute):  # ``(...).sum``: fold the conditional inside
+            expression = expression.with_changes(value=_folded(expression.value))
+        else:
+            expression = _folded(expression)
+        return cst.Module([]).code_for_node(expression)
+
+    assert fold("torch.sigmoid(z) if self.linear_growth else torch.sigmoid(z)") == "torch.sigmoid(z)"
+    assert fold("(a * b if flag else a * b).sum") == "(a * b).sum"
+    assert fold("a if self.flag() else a") == "a if self.flag() else a"  # the test may do something
+    assert fold("a if flag else b") == "a if flag else b"
+
+
+def test_a_remedy_kind_without_a_source_edit_is_reported_not_patched(tmp_path):
+    from qlint.fixes.edits import EditError, edits_for
+
+    with pytest.raises(EditError, match="no source edit for remedy kind 'rotate_the_stream' yet"):
+        edits_for(None, "rotate_the_stream", tmp_path)

@@ -23,7 +23,7 @@ import sys
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
 from qlint.core.errors import QlintError
 
@@ -82,7 +82,7 @@ def source_patches(settings: Any, spec: str, root: Optional[Path] = None, analys
         import libcst  # noqa: F401
     except ImportError:
         raise FixError("qlint --diff/--fix needs libcst: pip install 'torch-qlint[fix]'") from None
-    from qlint.fixes.edits import EditError, apply, edits_for
+    from qlint.fixes.edits import EditError, FileEdit, apply, edits_for
     from qlint.remedies import base_module, propose
     from qlint.remedies.context import BlockContext
 
@@ -94,14 +94,19 @@ def source_patches(settings: Any, spec: str, root: Optional[Path] = None, analys
         with model_code(spec, f"loading {spec}"):  # its prints go to stderr, a sys.exit() is its error
             loaded, options = prepare(settings, spec)
             analysis = run(loaded.model, loaded.inputs, spec=spec, options=options)
-    before = _verdicts(analysis.report.blocks)
+            if options.witness:  # as the re-check will (analyse_one): a refuted block is failing on both sides
+                from qlint.probe.block_witness import attach
+
+                attach(analysis, options.witness_budget)
+    current = verdicts(analysis.report)
     base = base_module(analysis)
     fixes = Fixes(spec)
-    texts: dict[Path, str] = {}
+    accepted: dict[Path, FileEdit] = {}  # every edit kept so far, made together on the original text
+    originals: dict[Path, str] = {}  # each file as first read: the lines every edit names are its lines
     kinds: dict[Path, list[str]] = {}
-    certified: dict[str, Optional[float]] = {}
+    blocks: dict[Path, list[str]] = {}
     for block in (b for b in analysis.report.blocks if b.status != "ok"):
-        if block.name in certified:
+        if current["blocks"].get(block.name, (None, ""))[1] == "ok":  # an earlier patch certified it
             continue
         reasons: list[str] = []
         ranked = propose(analysis, block.name, base)
@@ -110,31 +115,33 @@ def source_patches(settings: Any, spec: str, root: Optional[Path] = None, analys
         for remedy in ranked:
             try:
                 edits = edits_for(BlockContext(analysis, block.name, base), remedy.kind, root)
-                trial = dict(texts)
-                for path, edit in edits.items():
-                    trial[path] = apply(trial.get(path, path.read_text()), edit)
+                trial = {**accepted, **{path: accepted.get(path, FileEdit()) + edit for path, edit in edits.items()}}
+                texts = {path: apply(originals.setdefault(path, path.read_text()), edit)
+                         for path, edit in trial.items()}
             except EditError as exc:
                 reasons.append(f"{remedy.kind}: {exc}")
                 continue
-            verdict = recheck(settings, spec, trial)
-            problem = _problem(verdict, before, block.name)
+            verdict = recheck(settings, spec, texts)
+            problem = _problem(verdict, current, block.name, settings.fails)
             if problem:
                 reasons.append(f"{remedy.kind}: {problem}")
                 continue
-            texts = trial
+            newly = [name for name, (_, status) in verdict["blocks"].items()
+                     if status == "ok" and current["blocks"].get(name, (None, "ok"))[1] != "ok"]
+            accepted, current = trial, verdict
             if reasons:
                 fixes.dropped[block.name] = reasons
             for path in edits:
                 kinds.setdefault(path, []).append(remedy.kind)
-            certified = {name: q for name, (q, status) in verdict["blocks"].items()
-                         if status == "ok" and before.get(name, (None, "ok"))[1] != "ok"}
+                blocks.setdefault(path, []).extend(newly)
             break
         else:
             fixes.unpatched[block.name] = reasons
-    for path, text in texts.items():
-        relative = path.relative_to(root).as_posix()
-        fixes.patches.append(Patch(relative, path.read_text(), text, tuple(dict.fromkeys(kinds[path])),
-                                   tuple(certified), certified))
+    for path, edit in accepted.items():
+        names = tuple(dict.fromkeys(blocks[path]))
+        fixes.patches.append(Patch(path.relative_to(root).as_posix(), originals[path], apply(originals[path], edit),
+                                   tuple(dict.fromkeys(kinds[path])), names,
+                                   {name: current["blocks"][name][0] for name in names}))
     return fixes
 
 
@@ -148,30 +155,37 @@ def attach_patches(model: Any, fixes: Fixes) -> None:
                 blocks[name].extra.setdefault("patches", []).append(patch.to_dict())
 
 
-def _verdicts(blocks: Any) -> dict[str, tuple[Optional[float], str]]:
-    return {b.name: (b.q, b.status) for b in blocks}
+def verdicts(report: Any) -> dict:
+    """What a re-check is compared on: each block's (q, status), and the findings as (code, severity, block)."""
+    return {"blocks": {b.name: (b.q, b.status) for b in report.blocks},  # q: a float, inf, or None (unknown)
+            "findings": [(f.code, f.severity, f.block) for f in report.findings]}
 
 
-def _problem(verdict: dict, before: dict, name: str) -> Optional[str]:
-    """Why a re-checked patch is not kept, or None: the block must certify and nothing get worse."""
+def _problem(verdict: dict, before: dict, name: str, fails: Callable[[str], bool]) -> Optional[str]:
+    """Why a re-checked patch is not kept, or None: the block must certify and nothing get worse, neither
+    another block nor the run's exit code (a finding that fails the run and was not there before)."""
     if verdict["failure"]:
         return f"the patched source does not analyse: {verdict['failure']}"
     after = verdict["blocks"]
     if after.get(name, (None, ""))[1] != "ok":
         q = after.get(name, (None, "missing"))[0]
         return f"the patched source leaves the block at q = {q}" if q is not None else "the block is not certified"
-    for other, (q, status) in before.items():
+    for other, (q, status) in before["blocks"].items():
         new_q, new_status = after.get(other, (None, "missing"))
         if status == "ok" and new_status != "ok":
             return f"block `{other}` would no longer certify"
-        if status != "ok" and new_status != "ok" and (new_q is None or (q is not None and new_q > q)):
+        if status != "ok" and new_status != "ok" and q is not None and (new_q is None or new_q > q):
             return f"block `{other}` would get worse (q = {q} -> {new_q})"
+    known = {(code, block) for code, _, block in before["findings"]}
+    for code, severity, block in verdict["findings"]:
+        if fails(severity) and (code, block) not in known:
+            return f"the patched source adds {code}" + (f" on `{block}`" if block else "")
     return None
 
 
 def recheck(settings: Any, spec: str, texts: dict[Path, str]) -> dict:
     """Analyse ``spec`` in a child process that imports ``texts`` in place of those files:
-    {"failure": str | None, "blocks": {name: (q, status)}}."""
+    {"failure": str | None, "blocks": {name: (q, status)}, "findings": [(code, severity, block)]}."""
     with tempfile.TemporaryDirectory(prefix="qlint-fix-") as folder:
         redirects = {}
         for index, (path, text) in enumerate(texts.items()):
@@ -186,9 +200,10 @@ def recheck(settings: Any, spec: str, texts: dict[Path, str]) -> dict:
                               capture_output=True, text=True, timeout=1800)
         if done.returncode != 0 or not out.is_file():
             tail = (done.stderr.strip().splitlines() or ["no output"])[-1]
-            return {"failure": f"the re-check crashed: {tail}", "blocks": {}}
+            return {"failure": f"the re-check crashed: {tail}", "blocks": {}, "findings": []}
         verdict = json.loads(out.read_text())
     verdict["blocks"] = {name: tuple(value) for name, value in verdict["blocks"].items()}
+    verdict["findings"] = [tuple(finding) for finding in verdict["findings"]]
     return verdict
 
 

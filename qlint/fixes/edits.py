@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Optional
 
 import libcst as cst
 import torch.fx as fx
@@ -72,6 +72,10 @@ class FileEdit:
     expressions: list[ExpressionEdit] = field(default_factory=list)
     submodules: list[Submodule] = field(default_factory=list)
 
+    def __add__(self, other: FileEdit) -> FileEdit:
+        """Both remedies' changes, made in one pass (their lines are the original file's)."""
+        return FileEdit(self.expressions + other.expressions, self.submodules + other.submodules)
+
 
 Planner = Callable[[BlockContext, Path], list]
 SOURCE_EDITS: dict[str, Planner] = {}
@@ -105,6 +109,9 @@ def edits_for(context: BlockContext, kind: str, root: Path) -> dict[Path, FileEd
 # --- where a node was written ---------------------------------------------------------------
 
 
+INSTALLED = {"site-packages", "dist-packages"}  # the folders installed packages live in
+
+
 def place(node: fx.Node, root: Path) -> tuple[Path, int]:
     """The file (absolute) and line of the user's code that created ``node``; EditError for library code."""
     source = source_of(node)
@@ -112,9 +119,9 @@ def place(node: fx.Node, root: Path) -> tuple[Path, int]:
         raise EditError(f"`{node.name}` has no source line")
     path = Path(source.file)
     path = (path if path.is_absolute() else Path.cwd() / path).resolve()
-    if not path.is_relative_to(root) or {"site-packages", "dist-packages"} & set(path.parts):
-        shown = source.file if "site-packages" not in path.parts else "/".join(
-            path.parts[path.parts.index("site-packages") + 1 :])
+    installed = [i for i, part in enumerate(path.parts) if part in INSTALLED]
+    if installed or not path.is_relative_to(root):  # a virtual environment inside the repository is not yours
+        shown = "/".join(path.parts[installed[-1] + 1 :]) if installed else source.file
         raise EditError(f"`{shown}` is library code: qlint patches only files in your repository ({root})")
     return path, source.line
 
@@ -160,31 +167,55 @@ def wrap_with(attr: str) -> Rewrite:
     return lambda expression, names: _call(f"self.{attr}", expression)
 
 
-def wrap_argument(index: int, function: Callable[[Names], str], keywords: str = "") -> Rewrite:
-    """Wrap the ``index``-th tensor operand of a call (the receiver of a method call is operand 0)."""
+def wrap_argument(reader: fx.Node, index: int, function: Callable[[Names], str], keywords: str = "") -> Rewrite:
+    """Wrap the ``index``-th tensor operand of the call that built ``reader`` (the receiver of a
+    method call is operand 0)."""
+    operand = reader.args[index]
 
     def rewrite(expression: cst.BaseExpression, names: Names) -> cst.BaseExpression:
+        def wrap(value: cst.BaseExpression) -> cst.BaseExpression:
+            return _wrap_traced(value, operand, lambda v: _call(function(names), v, keywords=keywords))
+
         if isinstance(expression, cst.BinaryOperation):
             side = "left" if index == 0 else "right"
-            return expression.with_changes(**{side: _call(function(names), getattr(expression, side),
-                                                          keywords=keywords)})
+            return expression.with_changes(**{side: wrap(getattr(expression, side))})
         if not isinstance(expression, cst.Call):
             raise EditError("the reader is not a call")
         receiver = isinstance(expression.func, cst.Attribute) and _is_method(expression)
         if receiver and index == 0:
             func = expression.func
             assert isinstance(func, cst.Attribute)
-            return expression.with_changes(func=func.with_changes(value=_call(function(names), func.value,
-                                                                               keywords=keywords)))
+            return expression.with_changes(func=func.with_changes(value=wrap(func.value)))
         position = index - 1 if receiver else index
         if position >= len(expression.args) or expression.args[position].keyword is not None:
             raise EditError("the stream is not a positional argument of the call")
         args = list(expression.args)
-        args[position] = args[position].with_changes(value=_call(function(names), args[position].value,
-                                                                  keywords=keywords))
+        args[position] = args[position].with_changes(value=wrap(args[position].value))
         return expression.with_changes(args=args)
 
     return rewrite
+
+
+def _wrap_traced(value: cst.BaseExpression, operand: object,
+                 wrap: Callable[[cst.BaseExpression], cst.BaseExpression]) -> cst.BaseExpression:
+    """``wrap(value)``; of a conditional ``a if c else b`` only the branch the trace ran, so the
+    other branch stays as written (and two branches made equal fold into one: :func:`_folded`)."""
+    if isinstance(value, cst.IfExp) and isinstance(operand, fx.Node):
+        taken = _taken_branch(value, operand)
+        if taken is not None:
+            return _folded(value.with_changes(**{taken: _wrap_traced(getattr(value, taken), operand, wrap)}))
+    return wrap(value)
+
+
+def _taken_branch(conditional: cst.IfExp, operand: fx.Node) -> Optional[str]:
+    """The branch that computed ``operand``: the one expression that can have built it, else the one
+    plain variable when neither branch built it (an op there would be ``operand`` itself)."""
+    branches = {"body": conditional.body, "orelse": conditional.orelse}
+    built = [side for side, branch in branches.items() if _matches(branch, operand)]
+    plain = [side for side, branch in branches.items() if isinstance(branch, (cst.Name, cst.Attribute))]
+    if len(built) == 1:
+        return built[0]
+    return plain[0] if not built and len(plain) == 1 else None
 
 
 def _is_method(call: cst.Call) -> bool:
@@ -225,7 +256,7 @@ def _norm_readers(context: BlockContext, root: Path, attr: str) -> list:
     changes: list = []
     for reader in readers:
         index = next(i for i, a in enumerate(_tensor_operands(reader)) if a is stream)
-        changes.append(_expression(context, reader, root, wrap_argument(index, lambda names: f"self.{attr}")))
+        changes.append(_expression(context, reader, root, wrap_argument(reader, index, lambda names: f"self.{attr}")))
         changes.append(_submodule(context, reader, root, attr, stream))
     return changes
 
@@ -274,7 +305,8 @@ def contracting_exp(context: BlockContext, root: Path) -> list:
 def normalised_selection(context: BlockContext, root: Path) -> list:
     projection = context.selective_projection()
     changes: list = [_expression(context, projection, root,
-                                 wrap_argument(0, lambda names: f"{names.functional}.normalize", "dim=-1"))]
+                                 wrap_argument(projection, 0, lambda names: f"{names.functional}.normalize",
+                                               "dim=-1"))]
     try:
         changes += [_sigmoid(context, gate, root) for gate in context.gates()]
     except NotApplicable:
@@ -384,6 +416,17 @@ def _enclosing_class(module: cst.Module, positions, line: int) -> cst.ClassDef:
     return innermost
 
 
+def _folded(conditional: cst.IfExp) -> cst.BaseExpression:
+    """``a if flag else a`` -> ``a`` when an edit made both branches the same (``torch.sigmoid(z) if
+    self.linear_growth else F.silu(z)`` once the gate is swapped); a test that calls something stays."""
+    code = cst.Module([]).code_for_node
+    if not isinstance(conditional.test, (cst.Name, cst.Attribute)) or code(conditional.body) != code(
+            conditional.orelse):
+        return conditional
+    body = conditional.body
+    return body.with_changes(lpar=conditional.lpar, rpar=conditional.rpar) if conditional.lpar else body
+
+
 class _Rewriter(cst.CSTTransformer):
     """Make every expression rewrite and submodule assignment in one pass."""
 
@@ -396,6 +439,8 @@ class _Rewriter(cst.CSTTransformer):
         updated = super().on_leave(original, updated)
         for rewrite in self.targets.get(original, ()):
             updated = rewrite(updated, self.names)
+        if isinstance(updated, cst.IfExp) and not updated.deep_equals(original):
+            return _folded(updated)
         return updated
 
     def visit_ClassDef(self, node: cst.ClassDef) -> bool:

@@ -4,7 +4,7 @@ JOB (a pickle) holds the settings, the spec and ``redirects``: original file -> 
 temporary folder. Before anything of the user's is imported, every source loader is made to
 compile the patched copy wherever the original would be loaded (a file spec loaded by path and
 ``import pkg.module`` alike), so the model is built from the patched source itself. The verdict
-of every block goes to OUT as JSON.
+of every block, and the findings, go to OUT as JSON.
 """
 
 from __future__ import annotations
@@ -38,10 +38,10 @@ def main(job_path: str, out_path: str) -> None:
     job = pickle.loads(Path(job_path).read_bytes())
     redirect(job["redirects"])
     from qlint.api import analyse_one
+    from qlint.fixes import verdicts
 
     report = analyse_one(job["settings"], job["spec"], False)
-    blocks = {b.name: (b.q if b.q is None or b.q != float("inf") else None, b.status) for b in report.blocks}
-    Path(out_path).write_text(json.dumps({"failure": report.failure, "blocks": blocks}))
+    Path(out_path).write_text(json.dumps({"failure": report.failure, **verdicts(report)}))
 
 
 if __name__ == "__main__":
