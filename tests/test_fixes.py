@@ -336,3 +336,105 @@ def test_a_remedy_kind_without_a_source_edit_is_reported_not_patched(tmp_path):
 
     with pytest.raises(EditError, match="no source edit for remedy kind 'rotate_the_stream' yet"):
         edits_for(None, "rotate_the_stream", tmp_path)
+
+
+HEADER = "import torch\nfrom torch import nn\n\n\n"
+BUILD = ("\n\ndef build_model():\n    torch.manual_seed(0)\n"
+         "    return nn.Sequential(Block(8), Block(8)), (torch.randn(2, 4, 8),)\n")
+
+
+@pytest.mark.parametrize(("body", "expected"), [
+    pytest.param('''class Block(nn.Module):
+    def __init__(self, d):
+        super().__init__()
+        self.up, self.down = nn.Linear(d, d), nn.Linear(d, d)
+
+    def forward(self, x):
+        return x + self.down(self.up(x).pow(3))
+''', "+        return x + self.down(nn.functional.gelu(self.up(x)))\n", id="a method power: the receiver"),
+    pytest.param('''class Square(nn.Module):
+    def forward(self, h):
+        return h * h
+
+
+class Block(nn.Module):
+    def __init__(self, d):
+        super().__init__()
+        self.mlp = nn.Sequential(nn.Linear(d, 2 * d), Square(), nn.Linear(2 * d, d))
+
+    def forward(self, x):
+        return x + self.mlp(x)
+''', "+        return x + self.mlp(self.qlint_preln(x))\n", id="Pre-LN around an nn.Sequential branch"),
+    pytest.param('''import torch.nn.functional as nnf
+
+
+class Block(nn.Module):
+    def __init__(self, d):
+        super().__init__()
+        self.w1, self.w2 = nn.Parameter(torch.randn(d, d)), nn.Parameter(torch.randn(d, d))
+
+    def forward(self, x):
+        a = nnf.linear(x, self.w1)
+        return x + a * nnf.linear(a, self.w2)
+''', "+        return x + a * nnf.linear(nnf.normalize(a, dim=-1), self.w2)\n", id="functional under another name"),
+    pytest.param('''class Block(nn.Module):
+    def __init__(self, d):
+        super().__init__()
+        self.a, self.b = nn.Linear(2 * d, d), nn.Linear(2 * d, d)
+
+    def forward(self, x):
+        h = torch.cat([x, torch.roll(x, 1, -1)], dim=-1)
+        return x + self.a(h) * self.b(h)
+''', "+        return x + self.qlint_norm(self.a(h) * self.b(h))\n", id="the input inside a list: the next remedy"),
+])
+def test_the_patch_lands_where_the_traced_op_was_written(tmp_path, body, expected):
+    repo = _repo(tmp_path, {"m.py": HEADER + body + BUILD})
+    shown = _qlint(repo, "m.py:build_model", "--diff")
+    assert shown.returncode == 1, shown.stderr
+    assert expected in shown.stdout
+    (repo / "fix.patch").write_text(shown.stdout)
+    subprocess.run(["git", "apply", "fix.patch"], cwd=repo, check=True)
+    assert _qlint(repo, "m.py:build_model").returncode == 0
+
+
+def test_crlf_and_a_coding_line_are_kept_and_only_the_edited_line_changes(tmp_path):
+    latin = ("# -*- coding: latin-1 -*-\n# Autor: J\xfcrgen\n" + FIXABLE).replace("\n", "\r\n").encode("latin-1")
+    (tmp_path / "fixable.py").write_bytes(latin)
+    repo = _repo(tmp_path, {})
+    shown = subprocess.run([sys.executable, "-m", "qlint", "fixable.py:cubic", "--no-cache", "--diff"], cwd=repo,
+                           env=ENV, capture_output=True, timeout=900)  # bytes: the patch's "\r\n" as written
+    assert b"-        return x + self.down(h ** 3)\r\n" in shown.stdout
+    (repo / "fix.patch").write_bytes(shown.stdout)
+    assert subprocess.run(["git", "apply", "--check", "fix.patch"], cwd=repo).returncode == 0
+    assert _qlint(repo, "fixable.py:cubic", "--fix").returncode == 0
+    stat = subprocess.run(["git", "diff", "--numstat"], cwd=repo, capture_output=True, text=True).stdout
+    assert stat.split()[:3] == ["1", "1", "fixable.py"]
+    fixed = (repo / "fixable.py").read_bytes()
+    assert fixed == latin.replace(b"self.down(h ** 3)", b"self.down(nn.functional.gelu(h))")
+
+
+def test_a_patch_that_breaks_another_model_of_the_run_is_not_kept(tmp_path):
+    """The norm's width comes from this model's shapes: a model of the run built wider would break."""
+    wide = BUILD.replace("build_model", "build_wide").replace("Block(8)", "Block(16)").replace("4, 8", "4, 16")
+    body = '''class Block(nn.Module):
+    def __init__(self, d):
+        super().__init__()
+        self.a, self.b = nn.Linear(d, d), nn.Linear(d, d)
+
+    def forward(self, x):
+        return x + self.a(x) * self.b(x)
+'''
+    repo = _repo(tmp_path, {"m.py": HEADER + body + BUILD + wide})
+    shown = _qlint(repo, "m.py:build_model", "m.py:build_wide", "--fix")
+    assert "`m.py:build_wide` would no longer analyse" in shown.stderr
+    assert "fixed m.py" not in shown.stderr and (repo / "m.py").read_text() == HEADER + body + BUILD + wide
+
+
+def test_a_file_changed_while_qlint_worked_is_not_written(tmp_path):
+    from qlint.fixes import FixError, Patch, write_patch
+
+    (tmp_path / "m.py").write_text("x = 2  # the user's edit\n")
+    patch = Patch("m.py", "x = 1\n", "x = 3\n", ("preln",), ("b",), {"b": 0.0})
+    with pytest.raises(FixError, match="m.py changed while qlint worked on it: not written"):
+        write_patch(tmp_path, patch)
+    assert (tmp_path / "m.py").read_text() == "x = 2  # the user's edit\n"

@@ -224,7 +224,7 @@ def _source_fixes(config: Any, *, write: bool, verbose: bool) -> tuple[int, int]
     """Print (``--diff``) or write (``--fix``) the re-certified patches of every model: how many patches,
     and how many models could not be analysed (each named in one line; the others still get theirs)."""
     from qlint.core.errors import QlintError
-    from qlint.fixes import FixError, repository_root, source_patches, write_atomically
+    from qlint.fixes import FixError, repository_root, source_patches, write_patch
 
     root = repository_root()
     chosen: dict[str, tuple[str, Any]] = {}  # path -> (spec, patch)
@@ -234,8 +234,9 @@ def _source_fixes(config: Any, *, write: bool, verbose: bool) -> tuple[int, int]
             fixes = source_patches(config, spec, root)
         except FixError:
             raise
-        except QlintError as exc:
-            click.echo(f"qlint: error: {exc}", err=True)
+        except Exception as exc:  # this model's failure: the others still get their patches
+            click.echo(f"qlint: error: {exc}" if isinstance(exc, QlintError) else
+                       f"qlint: error: {spec}: {type(exc).__name__}: {exc}", err=True)
             failed += 1
             continue
         for patch in fixes.patches:
@@ -253,7 +254,11 @@ def _source_fixes(config: Any, *, write: bool, verbose: bool) -> tuple[int, int]
     for spec, patch in chosen.values():
         what = f"{', '.join(patch.kinds)} certifies {', '.join(f'`{b}`' for b in patch.blocks)}"
         if write:
-            write_atomically(root / patch.path, patch.patched)
+            try:
+                write_patch(root, patch)
+            except FixError as exc:
+                click.echo(f"qlint: error: {exc}", err=True)
+                continue
             click.echo(f"qlint: fixed {patch.path} ({what})", err=True)
         else:
             click.echo(f"# {spec}: {what}, re-checked on the patched source", err=True)

@@ -15,12 +15,15 @@ get the reason, and ``--show-remedies`` keeps the prose.
 from __future__ import annotations
 
 import difflib
+import io
 import json
 import os
 import pickle
+import re
 import subprocess
 import sys
 import tempfile
+import tokenize
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Optional
@@ -42,16 +45,29 @@ class Patch:
     kinds: tuple[str, ...]
     blocks: tuple[str, ...]
     q_after: dict[str, Optional[float]]
+    encoding: str = "utf-8"  # the file's own (a coding line); its line endings stay as they are in the text
 
     @property
     def diff(self) -> str:
-        lines = difflib.unified_diff(self.original.splitlines(keepends=True), self.patched.splitlines(keepends=True),
+        lines = difflib.unified_diff(_lines(self.original), _lines(self.patched),
                                      fromfile=f"a/{self.path}", tofile=f"b/{self.path}")
         return "".join(line if line.endswith("\n") else line + "\n\\ No newline at end of file\n" for line in lines)
 
     def to_dict(self) -> dict[str, Any]:
         return {"kind": ", ".join(self.kinds), "path": self.path, "diff": self.diff, "blocks": list(self.blocks),
                 "q_after": max((q for q in self.q_after.values() if q is not None), default=None)}
+
+
+def _lines(text: str) -> list[str]:
+    """Lines as git counts them: split at "\n" only, each keeping its ending ("\r\n" stays)."""
+    return re.findall(r"[^\n]*\n|[^\n]+$", text)
+
+
+def read_source(path: Path) -> tuple[str, str]:
+    """A source file's text and encoding (its coding line, else UTF-8), line endings untranslated."""
+    raw = path.read_bytes()
+    encoding, _ = tokenize.detect_encoding(io.BytesIO(raw).readline)
+    return raw.decode(encoding), encoding
 
 
 @dataclass
@@ -99,10 +115,14 @@ def source_patches(settings: Any, spec: str, root: Optional[Path] = None, analys
 
                 attach(analysis, options.witness_budget)
     current = verdicts(analysis.report)
+    others = [other for other in getattr(settings, "models", ()) if other != spec]
+    # the run's other models, as they are: a patch of a class they share must not make them worse
+    around = recheck(settings, others, {}, {}) if others else {}
     base = base_module(analysis)
     fixes = Fixes(spec)
     accepted: dict[Path, FileEdit] = {}  # every edit kept so far, made together on the original text
     originals: dict[Path, str] = {}  # each file as first read: the lines every edit names are its lines
+    encodings: dict[Path, str] = {}
     kinds: dict[Path, list[str]] = {}
     blocks: dict[Path, list[str]] = {}
     for block in (b for b in analysis.report.blocks if b.status != "ok"):
@@ -116,19 +136,28 @@ def source_patches(settings: Any, spec: str, root: Optional[Path] = None, analys
             try:
                 edits = edits_for(BlockContext(analysis, block.name, base), remedy.kind, root)
                 trial = {**accepted, **{path: accepted.get(path, FileEdit()) + edit for path, edit in edits.items()}}
-                texts = {path: apply(originals.setdefault(path, path.read_text()), edit)
-                         for path, edit in trial.items()}
+                for path in trial:
+                    if path not in originals:
+                        originals[path], encodings[path] = read_source(path)
+                texts = {path: apply(originals[path], edit) for path, edit in trial.items()}
             except EditError as exc:
                 reasons.append(f"{remedy.kind}: {exc}")
                 continue
-            verdict = recheck(settings, spec, texts)
-            problem = _problem(verdict, current, block.name, settings.fails)
+            except Exception as exc:  # an edit qlint could not write is a reason, never the end of the run
+                reasons.append(f"{remedy.kind}: the edit could not be written ({type(exc).__name__}: {exc})")
+                continue
+            checked = recheck(settings, [spec, *others], texts, encodings)
+            verdict = checked[spec]
+            problem = _problem(verdict, current, block.name, settings.fails) or next(
+                (f"`{other}` {why}" for other in others
+                 if (why := _worse(checked[other], around[other], settings.fails))), None)
             if problem:
                 reasons.append(f"{remedy.kind}: {problem}")
                 continue
             newly = [name for name, (_, status) in verdict["blocks"].items()
                      if status == "ok" and current["blocks"].get(name, (None, "ok"))[1] != "ok"]
             accepted, current = trial, verdict
+            around = {other: checked[other] for other in others}
             if reasons:
                 fixes.dropped[block.name] = reasons
             for path in edits:
@@ -141,7 +170,7 @@ def source_patches(settings: Any, spec: str, root: Optional[Path] = None, analys
         names = tuple(dict.fromkeys(blocks[path]))
         fixes.patches.append(Patch(path.relative_to(root).as_posix(), originals[path], apply(originals[path], edit),
                                    tuple(dict.fromkeys(kinds[path])), names,
-                                   {name: current["blocks"][name][0] for name in names}))
+                                   {name: current["blocks"][name][0] for name in names}, encodings[path]))
     return fixes
 
 
@@ -162,14 +191,21 @@ def verdicts(report: Any) -> dict:
 
 
 def _problem(verdict: dict, before: dict, name: str, fails: Callable[[str], bool]) -> Optional[str]:
-    """Why a re-checked patch is not kept, or None: the block must certify and nothing get worse, neither
-    another block nor the run's exit code (a finding that fails the run and was not there before)."""
+    """Why a re-checked patch is not kept, or None: the block must certify and nothing get worse."""
     if verdict["failure"]:
         return f"the patched source does not analyse: {verdict['failure']}"
-    after = verdict["blocks"]
-    if after.get(name, (None, ""))[1] != "ok":
-        q = after.get(name, (None, "missing"))[0]
+    q, status = verdict["blocks"].get(name, (None, "missing"))
+    if status != "ok":
         return f"the patched source leaves the block at q = {q}" if q is not None else "the block is not certified"
+    return _worse(verdict, before, fails)
+
+
+def _worse(verdict: dict, before: dict, fails: Callable[[str], bool]) -> Optional[str]:
+    """How ``verdict`` is worse than ``before``, or None: a model that no longer analyses, a certified block
+    that no longer certifies, a failing block whose known q rises, or a new finding that fails the run."""
+    if verdict["failure"]:
+        return None if before["failure"] else f"would no longer analyse: {verdict['failure']}"
+    after = verdict["blocks"]
     for other, (q, status) in before["blocks"].items():
         new_q, new_status = after.get(other, (None, "missing"))
         if status == "ok" and new_status != "ok":
@@ -183,37 +219,43 @@ def _problem(verdict: dict, before: dict, name: str, fails: Callable[[str], bool
     return None
 
 
-def recheck(settings: Any, spec: str, texts: dict[Path, str]) -> dict:
-    """Analyse ``spec`` in a child process that imports ``texts`` in place of those files:
-    {"failure": str | None, "blocks": {name: (q, status)}, "findings": [(code, severity, block)]}."""
+def recheck(settings: Any, specs: list[str], texts: dict[Path, str], encodings: dict[Path, str]) -> dict:
+    """Analyse each of ``specs`` in a child process that imports ``texts`` in place of those files:
+    spec -> {"failure": str | None, "blocks": {name: (q, status)}, "findings": [(code, severity, block)]}."""
     with tempfile.TemporaryDirectory(prefix="qlint-fix-") as folder:
         redirects = {}
         for index, (path, text) in enumerate(texts.items()):
             copy = Path(folder) / f"{index}_{path.name}"
-            copy.write_text(text)
+            copy.write_bytes(text.encode(encodings.get(path, "utf-8")))
             redirects[str(path)] = str(copy)
         job = Path(folder) / "job.pickle"
-        job.write_bytes(pickle.dumps({"settings": settings, "spec": spec, "redirects": redirects}))
+        job.write_bytes(pickle.dumps({"settings": settings, "specs": specs, "redirects": redirects}))
         out = Path(folder) / "verdict.json"
         env = {**os.environ, "PYTHONDONTWRITEBYTECODE": "1"}
         done = subprocess.run([sys.executable, "-m", "qlint.fixes.recheck", str(job), str(out)], env=env,
                               capture_output=True, text=True, timeout=1800)
         if done.returncode != 0 or not out.is_file():
             tail = (done.stderr.strip().splitlines() or ["no output"])[-1]
-            return {"failure": f"the re-check crashed: {tail}", "blocks": {}, "findings": []}
-        verdict = json.loads(out.read_text())
-    verdict["blocks"] = {name: tuple(value) for name, value in verdict["blocks"].items()}
-    verdict["findings"] = [tuple(finding) for finding in verdict["findings"]]
-    return verdict
+            crashed = {"failure": f"the re-check crashed: {tail}", "blocks": {}, "findings": []}
+            return {spec: crashed for spec in specs}
+        checked = json.loads(out.read_text())
+    for verdict in checked.values():
+        verdict["blocks"] = {name: tuple(value) for name, value in verdict["blocks"].items()}
+        verdict["findings"] = [tuple(finding) for finding in verdict["findings"]]
+    return checked
 
 
-def write_atomically(path: Path, text: str) -> None:
-    """Replace ``path`` by ``text`` in one step (a crash leaves the old file or the new, never half)."""
+def write_patch(root: Path, patch: Patch) -> None:
+    """Write ``patch`` in one step (a crash leaves the old file or the new, never half), in the file's
+    encoding and line endings; FixError when the file changed since qlint read it (your edit wins)."""
+    path = root / patch.path
+    if read_source(path)[0] != patch.original:
+        raise FixError(f"{patch.path} changed while qlint worked on it: not written (run qlint --fix again)")
     mode = path.stat().st_mode
     handle, temporary = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".qlint")
     try:
-        with os.fdopen(handle, "w") as stream:
-            stream.write(text)
+        with os.fdopen(handle, "wb") as stream:
+            stream.write(patch.patched.encode(patch.encoding))
         os.chmod(temporary, mode)
         os.replace(temporary, path)
     except BaseException:

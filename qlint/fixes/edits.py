@@ -151,15 +151,15 @@ def _call(function: str, *arguments: cst.BaseExpression, keywords: str = "") -> 
     return call.with_changes(args=args)
 
 
-def _operand(expression: cst.BaseExpression) -> cst.BaseExpression:
-    """The value an elementwise primitive acts on: ``h`` of ``h ** 3``, ``f(h)`` or ``h.f()``."""
+def _operand(expression: cst.BaseExpression, names: Names) -> cst.BaseExpression:
+    """The value an elementwise primitive acts on: ``h`` of ``h ** 3``, ``f(h)``, ``h.f()`` or ``h.pow(3)``."""
     if isinstance(expression, cst.BinaryOperation):
         return expression.left
     if isinstance(expression, cst.Call):
+        if isinstance(expression.func, cst.Attribute) and _is_method(expression, names):
+            return expression.func.value
         if expression.args:
             return expression.args[0].value
-        if isinstance(expression.func, cst.Attribute):
-            return expression.func.value
     raise EditError("the primitive's operand is not a plain call or power")
 
 
@@ -181,7 +181,7 @@ def wrap_argument(reader: fx.Node, index: int, function: Callable[[Names], str],
             return expression.with_changes(**{side: wrap(getattr(expression, side))})
         if not isinstance(expression, cst.Call):
             raise EditError("the reader is not a call")
-        receiver = isinstance(expression.func, cst.Attribute) and _is_method(expression)
+        receiver = isinstance(expression.func, cst.Attribute) and _is_method(expression, names)
         if receiver and index == 0:
             func = expression.func
             assert isinstance(func, cst.Attribute)
@@ -218,17 +218,32 @@ def _taken_branch(conditional: cst.IfExp, operand: fx.Node) -> Optional[str]:
     return plain[0] if not built and len(plain) == 1 else None
 
 
-def _is_method(call: cst.Call) -> bool:
-    """``x.transpose(1, 2)`` (a tensor method), not ``self.linear(x)`` / ``F.silu(x)`` / ``torch.exp(x)``."""
+def _is_method(call: cst.Call, names: Names) -> bool:
+    """``x.transpose(1, 2)`` or ``self.up(x).pow(3)`` (a method of a value), not ``self.linear(x)`` /
+    ``F.silu(x)`` / ``torch.exp(x)`` under whatever names the file gives torch and its modules
+    (``import torch.nn.functional as nnf``)."""
     func = call.func
     assert isinstance(func, cst.Attribute)
-    base = func.value
-    return not (isinstance(base, cst.Name) and base.value in {"self", "torch", "F", "nn", "functional"}) and not (
-        isinstance(base, cst.Attribute) and cst.Module([]).code_for_node(base).startswith(("torch.", "self.")))
+    dotted = _dotted(func.value)
+    if dotted is None:  # a computed value
+        return True
+    modules = {"torch", "F", "nn", names.torch, names.nn, names.functional}
+    return dotted.split(".")[0] != "self" and dotted not in modules and not dotted.startswith(
+        tuple(f"{m}." for m in modules))
+
+
+def _dotted(expression: cst.BaseExpression) -> Optional[str]:
+    """``a.b.c`` as text; None for anything else (a call, a subscript)."""
+    if isinstance(expression, cst.Name):
+        return expression.value
+    if isinstance(expression, cst.Attribute):
+        inner = _dotted(expression.value)
+        return f"{inner}.{expression.attr.value}" if inner else None
+    return None
 
 
 def replace_by(template: Callable[[Names, cst.BaseExpression], cst.BaseExpression]) -> Rewrite:
-    return lambda expression, names: template(names, _operand(expression))
+    return lambda expression, names: template(names, _operand(expression, names))
 
 
 # --- the kinds ------------------------------------------------------------------------------
@@ -255,7 +270,9 @@ def _norm_readers(context: BlockContext, root: Path, attr: str) -> list:
         raise EditError("the offending branch does not read the block input")
     changes: list = []
     for reader in readers:
-        index = next(i for i, a in enumerate(_tensor_operands(reader)) if a is stream)
+        index = next((i for i, a in enumerate(_tensor_operands(reader)) if a is stream), None)
+        if index is None:
+            raise EditError(f"the block input reaches `{reader.name}` inside a list or tuple: no one argument to wrap")
         changes.append(_expression(context, reader, root, wrap_argument(reader, index, lambda names: f"self.{attr}")))
         changes.append(_submodule(context, reader, root, attr, stream))
     return changes
@@ -377,9 +394,9 @@ def _with_imports(module: cst.Module, names: Names) -> cst.Module:
 def _matches(expression: cst.CSTNode, node: fx.Node) -> bool:
     """Could ``expression`` be the source of ``node``? By the submodule it calls (``self.x_proj(...)``
     for a call of module ``x_proj``, or for an op an exporting tracer recorded inside it) or by the op."""
-    submodule = (str(node.target) if node.op == "call_module" else module_path(node) or "").rsplit(".", 1)[-1]
-    if isinstance(expression, cst.Call) and submodule and _callee(expression) == submodule:
-        return True
+    path = (str(node.target) if node.op == "call_module" else module_path(node) or "").split(".")
+    if isinstance(expression, cst.Call) and _callee(expression) and _callee(expression) in path:
+        return True  # the submodule or a container of it (``self.mlp(x)`` for ``mlp.0``, an nn.Sequential)
     if node.op == "call_module":
         return False
     name = (op_name(node) or "").rstrip("_")
@@ -400,8 +417,8 @@ def _find(module: cst.Module, positions, change: ExpressionEdit) -> cst.CSTNode:
              and span.start.line <= change.line <= span.end.line and _matches(n, change.node)]
     starting = [n for n in found if positions[n].start.line == change.line] or found
     if len(starting) != 1:
-        what = "no" if not starting else f"{len(starting)}"
-        raise EditError(f"{what} expression at {change.file.name}:{change.line} matches `{change.node.name}`")
+        what = "no expression" if not starting else f"{len(starting)} expressions"
+        raise EditError(f"{what} at {change.file.name}:{change.line} match `{change.node.name}`")
     return starting[0]
 
 
@@ -411,8 +428,11 @@ def _enclosing_class(module: cst.Module, positions, line: int) -> cst.ClassDef:
     if not classes:
         raise EditError(f"line {line} is not inside a class: nowhere to add a submodule")
     innermost = max(classes, key=lambda c: positions[c].start.line)
-    if not any(isinstance(s, cst.FunctionDef) and s.name.value == "__init__" for s in innermost.body.body):
+    init = [s for s in innermost.body.body if isinstance(s, cst.FunctionDef) and s.name.value == "__init__"]
+    if not init:
         raise EditError(f"class `{innermost.name.value}` defines no __init__ to add the norm to")
+    if not isinstance(init[0].body, cst.IndentedBlock):
+        raise EditError(f"`{innermost.name.value}.__init__` is written on one line: no place for the norm's line")
     return innermost
 
 

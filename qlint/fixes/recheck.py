@@ -1,10 +1,10 @@
 """The child process of a re-check: ``python -m qlint.fixes.recheck JOB OUT``.
 
-JOB (a pickle) holds the settings, the spec and ``redirects``: original file -> patched copy in a
+JOB (a pickle) holds the settings, the specs and ``redirects``: original file -> patched copy in a
 temporary folder. Before anything of the user's is imported, every source loader is made to
 compile the patched copy wherever the original would be loaded (a file spec loaded by path and
 ``import pkg.module`` alike), so the model is built from the patched source itself. The verdict
-of every block, and the findings, go to OUT as JSON.
+of every block of every spec, and the findings, go to OUT as JSON.
 """
 
 from __future__ import annotations
@@ -40,8 +40,15 @@ def main(job_path: str, out_path: str) -> None:
     from qlint.api import analyse_one
     from qlint.fixes import verdicts
 
-    report = analyse_one(job["settings"], job["spec"], False)
-    Path(out_path).write_text(json.dumps({"failure": report.failure, **verdicts(report)}))
+    checked = {}
+    for spec in job["specs"]:
+        try:
+            report = analyse_one(job["settings"], spec, False)
+        except (Exception, SystemExit) as exc:  # that model's failure, not the other models' verdicts
+            checked[spec] = {"failure": f"{type(exc).__name__}: {exc}", "blocks": {}, "findings": []}
+            continue
+        checked[spec] = {"failure": report.failure, **verdicts(report)}
+    Path(out_path).write_text(json.dumps(checked))
 
 
 if __name__ == "__main__":
