@@ -37,6 +37,14 @@ def _qlint(cwd: Path, *args: str) -> subprocess.CompletedProcess:
                           capture_output=True, text=True, timeout=900)
 
 
+def _fix(repo: Path, spec: str, path: str, fixed_line: str) -> tuple[str, str]:
+    """``--fix SPEC``: exit 0 and ``fixed_line`` said; the re-lint's report and the fixed file's text."""
+    fixed = _qlint(repo, spec, "--fix")
+    assert fixed.returncode == 0, fixed.stderr
+    assert fixed_line in fixed.stderr
+    return fixed.stdout, (repo / path).read_text()
+
+
 def _zoo_copy(tmp_path: Path) -> dict[str, str]:
     """The bundled Mamba and SwiGLU models, copied as the user's own package ``zoo``."""
     files = {}
@@ -85,11 +93,9 @@ def _trains(path: Path, builder: str, steps: int = 3) -> list[float]:
 
 def test_fix_rewrites_the_cubic_keeps_comments_and_formatting_and_the_block_certifies(tmp_path):
     repo = _repo(tmp_path, {"fixable.py": FIXABLE})
-    fixed = _qlint(repo, "fixable.py:cubic", "--fix")
-    assert fixed.returncode == 0, fixed.stderr
-    assert "fixed fixable.py (lipschitz_activation certifies `Cubic`)" in fixed.stderr
-    assert "│ Cubic │ 1 │ ok" in fixed.stdout  # the re-lint after the fix
-    text = (repo / "fixable.py").read_text()
+    report, text = _fix(repo, "fixable.py:cubic", "fixable.py",
+                        "fixed fixable.py (lipschitz_activation certifies `Cubic`)")
+    assert "│ Cubic │ 1 │ ok" in report  # the re-lint after the fix
     assert "return x + self.down(nn.functional.gelu(h))" in text
     assert "# the hidden state, cubed (keep this comment)" in text
     assert "h = self.up( x )   # odd spacing stays too" in text
@@ -113,11 +119,9 @@ def test_diff_is_a_patch_git_applies_and_exits_one(tmp_path):
 
 def test_fix_on_a_copy_of_the_bundled_mamba_certifies_and_trains(tmp_path):
     repo = _repo(tmp_path, _zoo_copy(tmp_path))
-    fixed = _qlint(repo, "models.py:native", "--fix")
-    assert fixed.returncode == 0, fixed.stderr
-    assert "fixed zoo/mamba.py (linear_growth certifies `layers.0`, `layers.1`)" in fixed.stderr
-    assert "max q = 1 over 2 blocks" in fixed.stdout
-    text = (repo / "zoo/mamba.py").read_text()
+    report, text = _fix(repo, "models.py:native", "zoo/mamba.py",
+                        "fixed zoo/mamba.py (linear_growth certifies `layers.0`, `layers.1`)")
+    assert "max q = 1 over 2 blocks" in report
     # only the branch the trace ran is edited, and a conditional whose branches became equal folds
     assert "params = self.x_proj(F.normalize(x, dim=-1))\n" in text
     assert "gate = torch.sigmoid(z)\n" in text
@@ -128,10 +132,8 @@ def test_fix_on_a_copy_of_the_bundled_mamba_certifies_and_trains(tmp_path):
 
 def test_fix_on_a_swiglu_without_norm_swaps_the_gate(tmp_path):
     repo = _repo(tmp_path, _zoo_copy(tmp_path))
-    fixed = _qlint(repo, "models.py:swiglu", "--fix")
-    assert fixed.returncode == 0, fixed.stderr
-    assert "fixed zoo/transformer.py (gate_sigmoid certifies `SwiGLUResidual`)" in fixed.stderr
-    text = (repo / "zoo/transformer.py").read_text()
+    _, text = _fix(repo, "models.py:swiglu", "zoo/transformer.py",
+                   "fixed zoo/transformer.py (gate_sigmoid certifies `SwiGLUResidual`)")
     assert "return self.down_proj(torch.sigmoid(self.gate_proj(x)) * self.up_proj(x))" in text
     assert all(torch.isfinite(torch.tensor(_trains(repo / "models.py", "swiglu"))))
 
@@ -236,11 +238,9 @@ def test_two_different_failing_blocks_each_get_their_remedy_in_one_patch(tmp_pat
             return nn.Sequential(Cubic(), ExpBlock()), (torch.randn(4, 8),)
         ''')
     repo = _repo(tmp_path, {"fixable.py": FIXABLE, "two.py": two})
-    fixed = _qlint(repo, "two.py:build_model", "--fix")
-    assert fixed.returncode == 0, fixed.stderr
-    assert "fixed fixable.py (lipschitz_activation, bounded_exp certifies `0`, `1`)" in fixed.stderr
-    assert "max q = 1 over 2 blocks" in fixed.stdout
-    text = (repo / "fixable.py").read_text()
+    report, text = _fix(repo, "two.py:build_model", "fixable.py",
+                        "fixed fixable.py (lipschitz_activation, bounded_exp certifies `0`, `1`)")
+    assert "max q = 1 over 2 blocks" in report
     assert "return x + self.down(nn.functional.gelu(h))" in text
     assert "return x + self.down(torch.exp(-nn.functional.softplus(self.up(x))))" in text
     assert all(torch.isfinite(torch.tensor(_trains(repo / "two.py", "build_model"))))
