@@ -246,7 +246,11 @@ def _source_fixes(config: Any, *, write: bool, verbose: bool) -> tuple[int, int]
                 continue
             chosen[patch.path] = (spec, patch)
         for block, reasons in fixes.unpatched.items():
-            click.echo(f"qlint: {spec}: no patch certifies block `{block}`: {'; '.join(reasons)}", err=True)
+            messages = {reason.split(": ", 1)[-1] for reason in reasons}  # "kind: why"; one why said once
+            why = messages.pop() if len(messages) == 1 else "; ".join(reasons)
+            click.echo(f"qlint: {spec}: no patch certifies block `{block}`: {why}", err=True)
+            for sketch in fixes.prose.get(block, ()):
+                click.echo(f"qlint: {spec}: block `{block}`, by hand (re-checked on the graph): {sketch}", err=True)
         if verbose:
             for block, reasons in fixes.dropped.items():
                 click.echo(f"qlint: {spec}: block `{block}`: better-ranked remedies passed over: {'; '.join(reasons)}",

@@ -78,6 +78,7 @@ class Fixes:
     patches: list[Patch] = field(default_factory=list)
     unpatched: dict[str, list[str]] = field(default_factory=dict)
     dropped: dict[str, list[str]] = field(default_factory=dict)  # better-ranked remedies passed over, and why
+    prose: dict[str, list[str]] = field(default_factory=dict)  # an unpatched block's graph remedies, as sketches
 
 
 def repository_root(cwd: Optional[Path] = None) -> Path:
@@ -166,6 +167,7 @@ def source_patches(settings: Any, spec: str, root: Optional[Path] = None, analys
             break
         else:
             fixes.unpatched[block.name] = reasons
+            fixes.prose[block.name] = [f"{remedy.kind} ({remedy.target}): {remedy.sketch}" for remedy in ranked]
     for path, edit in accepted.items():
         names = tuple(dict.fromkeys(blocks[path]))
         fixes.patches.append(Patch(path.relative_to(root).as_posix(), originals[path], apply(originals[path], edit),
