@@ -440,3 +440,14 @@ def test_a_file_changed_while_qlint_worked_is_not_written(tmp_path):
     with pytest.raises(FixError, match="m.py changed while qlint worked on it: not written"):
         write_patch(tmp_path, patch)
     assert (tmp_path / "m.py").read_text() == "x = 2  # the user's edit\n"
+
+
+def test_a_model_that_ends_the_process_cannot_decide_the_exit_code(tmp_path):
+    """--diff runs each model's code in a child: an os._exit() there is that model's failure."""
+    ends = "import os\n\n\ndef build_model():\n    os._exit(0)\n"
+    repo = _repo(tmp_path, {"fixable.py": FIXABLE, "ends.py": ends})
+    both = _qlint(repo, "ends.py:build_model", "fixable.py:cubic", "--diff")
+    assert both.returncode == 1 and both.stdout.startswith("--- a/fixable.py\n"), both.stderr
+    assert "qlint: error: ends.py:build_model: the model's code ended the process (exit code 0)" in both.stderr
+    alone = _qlint(repo, "ends.py:build_model", "--diff")
+    assert (alone.returncode, alone.stdout) == (2, "")

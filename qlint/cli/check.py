@@ -224,14 +224,14 @@ def _source_fixes(config: Any, *, write: bool, verbose: bool) -> tuple[int, int]
     """Print (``--diff``) or write (``--fix``) the re-certified patches of every model: how many patches,
     and how many models could not be analysed (each named in one line; the others still get theirs)."""
     from qlint.core.errors import QlintError
-    from qlint.fixes import FixError, repository_root, source_patches, write_patch
+    from qlint.fixes import FixError, isolated_patches, repository_root, write_patch
 
     root = repository_root()
     chosen: dict[str, tuple[str, Any]] = {}  # path -> (spec, patch)
     failed = 0
     for spec in config.models:
         try:
-            fixes = source_patches(config, spec, root)
+            fixes = isolated_patches(config, spec, root)
         except FixError:
             raise
         except Exception as exc:  # this model's failure: the others still get their patches
@@ -278,14 +278,14 @@ def _attach_source_patches(config: Any, report: Any) -> None:
         import libcst  # noqa: F401
     except ImportError:
         return
-    from qlint.fixes import attach_patches, repository_root, source_patches
+    from qlint.fixes import attach_patches, isolated_patches, repository_root
 
     root = repository_root()
     for model in report.models:
         if model.failure or all(b.status == "ok" for b in model.blocks):
             continue
         try:
-            attach_patches(model, source_patches(config, model.spec, root))
+            attach_patches(model, isolated_patches(config, model.spec, root))
         except Exception as exc:  # the analysis itself succeeded: its report stands
             click.echo(f"qlint: {model.spec}: no source patches: {type(exc).__name__}: {exc}", err=True)
 

@@ -176,6 +176,24 @@ def source_patches(settings: Any, spec: str, root: Optional[Path] = None, analys
     return fixes
 
 
+def isolated_patches(settings: Any, spec: str, root: Path) -> Fixes:
+    """:func:`source_patches` in a child process (:mod:`qlint.fixes.isolated`): the model's code cannot
+    end qlint or decide its exit code. FixError when libcst is missing; QlintError naming ``spec`` when
+    the model cannot be analysed, or its code ended the child."""
+    with tempfile.TemporaryDirectory(prefix="qlint-fix-") as folder:
+        job, out = Path(folder) / "job.pickle", Path(folder) / "fixes.pickle"
+        job.write_bytes(pickle.dumps({"settings": settings, "spec": spec, "root": root}))
+        done = subprocess.run([sys.executable, "-m", "qlint.fixes.isolated", str(job), str(out)],
+                              stdout=subprocess.DEVNULL, stderr=None, timeout=3600)
+        if done.returncode != 0 or not out.is_file():
+            raise QlintError(f"{spec}: the model's code ended the process (exit code {done.returncode})")
+        result = pickle.loads(out.read_bytes())
+    if isinstance(result, Fixes):
+        return result
+    kind, message = result
+    raise (FixError if kind == "fix" else QlintError)(message)
+
+
 def attach_patches(model: Any, fixes: Fixes) -> None:
     """``block.extra["patches"]`` of ``model`` (a ModelReport) for each failing block a re-certified
     source patch fixes (``--show-remedies``; the HTML report shows them as diffs)."""
@@ -230,17 +248,18 @@ def recheck(settings: Any, specs: list[str], texts: dict[Path, str], encodings: 
             copy = Path(folder) / f"{index}_{path.name}"
             copy.write_bytes(text.encode(encodings.get(path, "utf-8")))
             redirects[str(path)] = str(copy)
-        job = Path(folder) / "job.pickle"
-        job.write_bytes(pickle.dumps({"settings": settings, "specs": specs, "redirects": redirects}))
-        out = Path(folder) / "verdict.json"
-        env = {**os.environ, "PYTHONDONTWRITEBYTECODE": "1"}
-        done = subprocess.run([sys.executable, "-m", "qlint.fixes.recheck", str(job), str(out)], env=env,
-                              capture_output=True, text=True, timeout=1800)
-        if done.returncode != 0 or not out.is_file():
-            tail = (done.stderr.strip().splitlines() or ["no output"])[-1]
-            crashed = {"failure": f"the re-check crashed: {tail}", "blocks": {}, "findings": []}
-            return {spec: crashed for spec in specs}
-        checked = json.loads(out.read_text())
+        checked = {}
+        for index, spec in enumerate(specs):  # a child each: one model's os._exit() ends only its own check
+            job, out = Path(folder) / f"job{index}.pickle", Path(folder) / f"verdict{index}.json"
+            job.write_bytes(pickle.dumps({"settings": settings, "specs": [spec], "redirects": redirects}))
+            env = {**os.environ, "PYTHONDONTWRITEBYTECODE": "1"}
+            done = subprocess.run([sys.executable, "-m", "qlint.fixes.recheck", str(job), str(out)], env=env,
+                                  capture_output=True, text=True, timeout=1800)
+            if done.returncode != 0 or not out.is_file():
+                tail = (done.stderr.strip().splitlines() or [f"exit code {done.returncode}"])[-1]
+                checked[spec] = {"failure": f"the re-check ended early: {tail}", "blocks": {}, "findings": []}
+            else:
+                checked.update(json.loads(out.read_text()))
     for verdict in checked.values():
         verdict["blocks"] = {name: tuple(value) for name, value in verdict["blocks"].items()}
         verdict["findings"] = [tuple(finding) for finding in verdict["findings"]]

@@ -270,17 +270,12 @@ def _norm_readers(context: BlockContext, root: Path, attr: str) -> list:
         raise EditError("the offending branch does not read the block input")
     changes: list = []
     for reader in readers:
-        index = next((i for i, a in enumerate(_tensor_operands(reader)) if a is stream), None)
+        index = next((i for i, a in enumerate(reader.args) if a is stream), None)  # a method's receiver first
         if index is None:
             raise EditError(f"the block input reaches `{reader.name}` inside a list or tuple: no one argument to wrap")
         changes.append(_expression(context, reader, root, wrap_argument(reader, index, lambda names: f"self.{attr}")))
         changes.append(_submodule(context, reader, root, attr, stream))
     return changes
-
-
-def _tensor_operands(node: fx.Node) -> list:
-    """The operands in source order: positional args (a method's receiver first)."""
-    return list(node.args)
 
 
 @source_edit("norm_primitive")
