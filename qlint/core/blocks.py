@@ -77,6 +77,7 @@ class StreamBlock:
     post_node: Optional[fx.Node] = None  # the norm (or ReLU) after the join: LN(X + f(X))
     post_region: list[fx.Node] = field(default_factory=list)  # the nodes from the join (excluded) to that norm's output
     norm_in: Optional[fx.Node] = None  # the norm on the skip at the block's input: a LN(X) + f(LN(X)) (shifted Post-LN)
+    partial: bool = False  # the skip carries part of X_k (a slice or index write, a cat of an updated slice)
     predecessors: list["StreamBlock"] = field(default_factory=list)
 
     @property
@@ -148,9 +149,19 @@ def join_terms(node: fx.Node, graph: GraphFacts) -> Optional[list[Term]]:
     if op_name(node) in ("cat", "concat", "concatenate"):
         parts = _arg(node, "tensors") or []
         return [Term(p, 1.0, ((node, "tensors"),), p) for p in parts if isinstance(p, fx.Node) and p in graph.data]
-    if "sum" not in facts(node).family:
+    op = facts(node).op
+    if op in _SELECTIONS and not (op == "write" and _accumulates(node)):
+        return _opaque(node, graph, _SELECTIONS[op], ())
+    if "sum" not in facts(node).family and op != "write":
         return None
     return _terms(node, graph, 1.0, ())
+
+
+# Joins that select rather than add: each output entry is an entry of one argument. A write
+# (slice_scatter, index_put, scatter, masked_scatter ...: every slice or index assignment, in place
+# or not, once functionalised) keeps its data where nothing is written; ``where`` picks per entry.
+# Their terms have no coefficient, so such a block is analysed in the scaled form, q <= max(1, q(F)).
+_SELECTIONS = {"write": ("input", "src", "source", "values", "value"), "where": ("input", "other")}
 
 
 def _stack_sum(node: fx.Node, graph: GraphFacts) -> Optional[list[Term]]:
@@ -270,6 +281,24 @@ def carried(node: fx.Node) -> fx.Node:
         return node
 
 
+def identity_source(node: fx.Node, graph: GraphFacts) -> fx.Node:
+    """The earliest value whose entries ``node`` still holds by identity, in whole or in part:
+    through copies, casts, views, slices, selections and gathers (the registry's ``carrier`` ops),
+    ``copy_``'s source, and the data a write (``x[..., :k] = ...``, ``index_put``, ``scatter``)
+    writes into. A partial residual update (``x[..., :k] + f(x)``, ``cat([x[..., :k] + f, x[..., k:]])``)
+    is found through this, whatever its spelling."""
+    while True:
+        node = carried(node)
+        info = facts(node) if "qlint" in node.meta else None
+        if info is None:
+            return node
+        name = "src" if info.op == "copy_into" else "input" if "carrier" in info.family or info.op == "write" else None
+        source = _arg(node, name) if name else None
+        if not isinstance(source, fx.Node) or source not in graph.data:
+            return node
+        node = source
+
+
 def _same_values(view: fx.Node, source: fx.Node) -> bool:
     """A view whose output provably equals its input: same shape, and an op that keeps the
     order of entries (reshape / view / expand / contiguous-like, or a full slice)."""
@@ -329,24 +358,31 @@ def _as_block(join: fx.Node, graph: GraphFacts) -> Optional[StreamBlock]:
     # cat([X_k, g(X_k)]) = [X_k; 0] + [0; g(X_k)]: an update of the augmented state (DenseNet, Next-ViT)
     concatenated = op_name(join) in ("cat", "concat", "concatenate")
     join_shape = shape_of(join)
-    best: Optional[tuple[int, int, Term, fx.Node]] = None
-    for term in terms:
+
+    def whole(term: Term) -> Optional[fx.Node]:
         stream = carried(term.node)
-        if stream not in graph.data:
-            continue
         stream_shape = shape_of(stream)
         if join_shape is not None and stream_shape is not None and stream_shape != join_shape and not concatenated:
-            continue  # a term broadcast up to the join is a bias, not X_k
-        others = [t for t in terms if t is not term]
-        dependent = [t for t in others if graph.depends_on(t.node, stream)]
-        if not dependent or any(graph.is_ancestor(t.node, stream) for t in others):
-            continue
-        key = (len(dependent), graph.order[stream])
-        if best is None or key > best[:2]:
-            best = (*key, term, stream)
+            return None  # a term broadcast up to the join is a bias, not X_k
+        return stream
+
+    best = _skip(terms, graph, whole)
+    partial = best is None
+    if partial:
+        # a part of X_k carried by identity (a slice, a gather, the data of a write): a partial update
+        def part(term: Term) -> Optional[fx.Node]:
+            source = identity_source(term.node, graph)
+            return None if source is carried(term.node) else source  # a broadcast bias carries no part of X_k
+
+        best = _skip(terms, graph, part)
     if best is None:
         return _gated(join, terms, graph)
-    _, _, skip, stream = best
+    skip, stream = best
+    if (partial or facts(join).op in _SELECTIONS) and all(
+            _derived(t.node, {stream}, graph, linear=True) for t in terms if t is not skip):
+        # a linear rearrangement of X_k (rotate_half's cat(-x2, x1), a patch merge, a functionalised
+        # write-back of X_k's own entries): no term computes anything, so there is no update
+        return None
     velocity = [t for t in terms if t is not skip]
     if facts(join).op in ("add", "sub", "rsub") and _centring(velocity, stream, graph):
         return None  # x - mean(x): the numerator of a normalisation (RevIN) or a decomposition, not a residual branch
@@ -355,10 +391,29 @@ def _as_block(join: fx.Node, graph: GraphFacts) -> Optional[StreamBlock]:
         if all(_derived(t.node, {stream}, graph, linear=False) for t in velocity):
             return None  # padding by copies or averages of X_k (Autoformer's edges): no branch computes anything
         return StreamBlock(join=join, stream=stream, skip=skip, terms=velocity,
-                           form="scaled" if repeated else "additive")
-    exact = facts(join).op in _EXACT and skip.coefficient == 1.0 and not repeated and all(
+                           form="scaled" if repeated or partial else "additive", partial=partial)
+    exact = not partial and facts(join).op in _EXACT and skip.coefficient == 1.0 and not repeated and all(
         facts(node).op in _EXACT or facts(node).op in ("neg", "mul", "div") for node, _ in skip.path)
-    return StreamBlock(join=join, stream=stream, skip=skip, terms=velocity, form="additive" if exact else "scaled")
+    return StreamBlock(join=join, stream=stream, skip=skip, terms=velocity, form="additive" if exact else "scaled",
+                       partial=partial)
+
+
+def _skip(terms: list[Term], graph: GraphFacts, locate) -> Optional[tuple[Term, fx.Node]]:
+    """The term that carries X_k (``locate`` finds the value a term carries), chosen so that the
+    most other terms depend on it, the latest such X_k first; None when no term qualifies."""
+    best: Optional[tuple[int, int, Term, fx.Node]] = None
+    for term in terms:
+        stream = locate(term)
+        if stream is None or stream not in graph.data:
+            continue
+        others = [t for t in terms if t is not term]
+        dependent = [t for t in others if graph.depends_on(t.node, stream)]
+        if not dependent or any(graph.is_ancestor(t.node, stream) for t in others):
+            continue
+        key = (len(dependent), graph.order[stream])
+        if best is None or key > best[:2]:
+            best = (*key, term, stream)
+    return None if best is None else (best[2], best[3])
 
 
 def _centring(velocity: list[Term], stream: fx.Node, graph: GraphFacts) -> bool:
@@ -643,6 +698,8 @@ def _post(block: StreamBlock, graph: GraphFacts,
     through casts and its affine weight) or the ReLU that takes every use of the join, when it belongs
     to the block's own module (a model's final norm is not part of its last block) and no shifted
     block holds it. Returns the form, that node and, for a norm, the nodes up to its output."""
+    if block.partial:
+        return "", None, []  # a norm after a partial update is the next unit's: it must not hide the update
     found = _norm_after(block.join, graph)
     if found is not None and found[0] not in claimed and _owns(block.join, found[0]):
         return "post-norm", found[0], found[1]

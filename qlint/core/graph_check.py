@@ -7,14 +7,15 @@ on a parameter's value, state kept across calls) would certify what the model do
 
 from __future__ import annotations
 
+import contextlib
 from typing import Any, Iterator, Optional
 
 import torch
 import torch.fx as fx
 
 from qlint.core import shapes
-from qlint.core.trace import (argument_names, first_line, grad_state, has_meta, quiet, restore, snapshot,
-                              tensor_outputs, tensors)
+from qlint.core.trace import (argument_names, first_line, grad_state, has_meta, model_state, quiet, restore,
+                              snapshot, tensor_outputs, tensors)
 
 def shape_coverage(model: torch.nn.Module, module: fx.GraphModule, inputs: Optional[tuple],
                    tracer: str) -> Optional[shapes.ShapeCoverage]:
@@ -92,6 +93,7 @@ def compare_with_eager(model: torch.nn.Module, module: fx.GraphModule, inputs: O
         return "not compared: meta tensors have no values"
     saved = snapshot(model)
     state = torch.random.get_rng_state()
+    held = python_state(model)
     try:
         with grad_state(model.training):
             torch.manual_seed(0)
@@ -102,9 +104,7 @@ def compare_with_eager(model: torch.nn.Module, module: fx.GraphModule, inputs: O
                 b.untyped_storage().data_ptr() for name, b in model.named_buffers()
                 if b.numel() and not _same_tensor(b, saved[name]))
             _require_same(graph_out, first, "on the example inputs")
-            if not _agree(first, _eager(model, inputs)):
-                raise GraphMismatch("the model's output changes between identical calls (state kept across calls, "
-                                    "or unseeded randomness): no graph can stand for it")
+            _require_stateless(model, inputs, first, held, module.meta["qlint_written_buffers"])
             floats = any(isinstance(x, torch.Tensor) and x.is_floating_point() for x in inputs)
             if model.training and floats:  # in training every block after the first reads a value that requires grad
                 wanting = tuple(x.detach().requires_grad_(True) if isinstance(x, torch.Tensor) and x.is_floating_point()
@@ -119,15 +119,148 @@ def compare_with_eager(model: torch.nn.Module, module: fx.GraphModule, inputs: O
             if not shares_parameters(module, model):  # redrawing the model's would not redraw the graph's
                 raise GraphMismatch("the graph holds its own copy of the parameters: it cannot be checked with redrawn "
                                     "ones")
-            for redraw in _redraws(model, saved):  # each redraw overwrites every float parameter
-                _compare_again(module, model, inputs, f"with the parameters {redraw}")
-                restore(model, saved, buffers_only=True)  # what the forward may have updated (BatchNorm's statistics)
+            for redraw in _redraws(model, saved):  # each redraw overwrites every float parameter and buffer
+                _compare_again(module, model, inputs, f"with the parameters and floating buffers {redraw}")
+                restore(model, saved)  # what the forward may have updated (BatchNorm's statistics)
+        modes = _compare_in_modes(module, model, inputs, model.training)
     finally:
         restore(model, saved)
+        restore_python_state(model, held)
         torch.random.set_rng_state(state)
     count = len(tensors(graph_out))
     return (f"matches the eager model on the example inputs, scaled by {', '.join(f'{s:g}' for s in SCALES)}, "
-            f"and with redrawn parameters ({count} output{'s' if count != 1 else ''})")
+            f"with redrawn parameters and floating buffers, over {CALLS} successive calls"
+            + (f", and {', '.join(modes)}" if modes else "")
+            + f" ({count} output{'s' if count != 1 else ''})")
+
+
+CALLS = 3  # successive identical calls compared: state kept across calls shows from the second one
+
+
+def _require_stateless(model: torch.nn.Module, inputs: tuple, first: Any, before: dict[str, Any],
+                       written: frozenset[int]) -> None:
+    """One traced call stands for every call only if the forward keeps no state: the same output over
+    successive identical calls, no plain Python value of a module changed by a call (a step counter, a
+    depth unlocked after N calls, a flag), and no integer or bool buffer written (a step count read
+    into Python with ``int(self.step)``; BatchNorm's own ``num_batches_tracked`` excepted)."""
+    for call in range(2, CALLS + 1):
+        if not _agree(first, _eager(model, inputs)):
+            raise GraphMismatch(f"the model's output changes between identical calls (call {call} differs from the "
+                                "first: state kept across calls, or unseeded randomness): no graph can stand for it")
+    after = python_state(model)
+    for name, value in before.items():
+        if after.get(name, value) != value:
+            raise GraphMismatch(f"the forward changes `{name}` ({value!r} -> {after[name]!r}): state kept across "
+                                "calls, which one traced call cannot stand for")
+    for name, buffer in model.named_buffers():
+        if (not (buffer.is_floating_point() or buffer.is_complex()) and not name.endswith("num_batches_tracked")
+                and buffer.numel() and buffer.untyped_storage().data_ptr() in written):
+            raise GraphMismatch(f"the forward writes the integer buffer `{name}`: a count kept across calls, which "
+                                "one traced call cannot stand for")
+
+
+_PLAIN = (bool, int, float, complex, str, type(None))
+
+
+def python_state(model: torch.nn.Module) -> dict[str, Any]:
+    """The plain Python values (numbers, strings, flags, tuples and lists of them) that each module
+    holds as attributes: what a forward that counts its calls or unlocks a depth changes."""
+    state: dict[str, Any] = {}
+    for path, module in model.named_modules():
+        for key, value in vars(module).items():
+            if isinstance(value, _PLAIN) or (isinstance(value, (tuple, list))
+                                             and all(isinstance(v, _PLAIN) for v in value)):
+                state[f"{path}.{key}" if path else key] = value if not isinstance(value, list) else list(value)
+    return state
+
+
+def restore_python_state(model: torch.nn.Module, held: dict[str, Any]) -> None:
+    """Put back the plain values the checks' calls changed, so checking leaves the model as it was."""
+    modules = dict(model.named_modules())
+    for name, value in held.items():
+        path, _, key = name.rpartition(".")
+        owner = modules.get(path)
+        if owner is not None and vars(owner).get(key, value) != value:
+            setattr(owner, key, value)
+
+
+def _observed_modes(training: bool) -> list[tuple[str, Any, bool]]:
+    """The global modes a forward can read (``torch.is_grad_enabled()``, ``is_inference_mode_enabled()``,
+    ``is_autocast_enabled()``, ``get_default_dtype()``, ``are_deterministic_algorithms_enabled()``):
+    (what, context factory, whether it changes precision, so outputs agree only to its rounding)."""
+    return [
+        ("with gradients off" if training else "with gradients on", lambda: grad_state(not training), False),
+        ("in inference mode", torch.inference_mode, False),
+        ("under CPU autocast (bfloat16)", lambda: torch.autocast("cpu", dtype=torch.bfloat16), True),
+        ("with float64 as the default dtype", lambda: _default_dtype(torch.float64), False),
+        ("with deterministic algorithms", _deterministic, False),
+    ]
+
+
+@contextlib.contextmanager
+def _default_dtype(dtype: torch.dtype) -> Iterator[None]:
+    previous = torch.get_default_dtype()
+    torch.set_default_dtype(dtype)
+    try:
+        yield
+    finally:
+        torch.set_default_dtype(previous)
+
+
+@contextlib.contextmanager
+def _deterministic() -> Iterator[None]:
+    previous, warn_only = torch.are_deterministic_algorithms_enabled(), torch.is_deterministic_algorithms_warn_only_enabled()
+    torch.use_deterministic_algorithms(True, warn_only=True)
+    try:
+        yield
+    finally:
+        torch.use_deterministic_algorithms(previous, warn_only=warn_only)
+
+
+MODE_SCALES = (1.0, 1e3)  # a branch that adds a small superlinear term shows at the larger scale
+
+
+def _compare_in_modes(module: fx.GraphModule, model: torch.nn.Module, inputs: tuple, training: bool) -> list[str]:
+    """Run the graph and the eager model side by side under every global mode the forward can observe,
+    and on the floating inputs in bfloat16 where the model accepts them: a forward that branches on a
+    mode computes something else there, and the graph (traced in the analysed mode) is refuted. The
+    graph runs in the same mode, so only what the forward reads of it can make them differ; a mode that
+    rounds (autocast, bfloat16 inputs) is compared to its rounding. Returns what was checked."""
+    checked = []
+    for what, mode, rounds in _observed_modes(training):
+        with mode():
+            if not _eager_runs(model, inputs):
+                continue  # the model does not run in this mode (an op without a bfloat16 kernel): nothing to stand for
+        for scale in MODE_SCALES:
+            where = what + (f", inputs scaled by {scale:g}" if scale != 1.0 else "")
+            try:
+                # a mode that rounds: the graph in full precision (an export's graph checks its dtypes),
+                # the eager model in the mode, equal up to its rounding
+                graph_out = None if not rounds else _run(module, _scaled(inputs, scale))
+                with mode():
+                    graph_out = graph_out if rounds else _run(module, _scaled(inputs, scale))
+                    eager_out = _eager(model, _scaled(inputs, scale))
+            except Exception as exc:  # noqa: BLE001  (fail closed)
+                raise GraphMismatch(f"the graph and the model could not be compared {where}: {first_line(exc)}") from exc
+            _require_same(graph_out, eager_out, where, scaled=scale != 1.0, rounding=rounds)
+        checked.append(what)
+    reduced = tuple(x.to(torch.bfloat16) if isinstance(x, torch.Tensor) and x.is_floating_point() else x
+                    for x in inputs)
+    if any(x is not y for x, y in zip(reduced, inputs)) and _eager_runs(model, reduced):
+        # the graph on the same values in the traced dtype (an export's graph checks its input dtypes)
+        widened = tuple(r.to(x.dtype) if r is not x else x for r, x in zip(reduced, inputs))
+        where = "on bfloat16 inputs (which the model accepts)"
+        try:
+            graph_out, eager_out = _run(module, widened), _eager(model, reduced)
+        except Exception as exc:  # noqa: BLE001  (fail closed)
+            raise GraphMismatch(f"the graph and the model could not be compared {where}: {first_line(exc)}") from exc
+        _require_same(graph_out, eager_out, where, rounding=True)
+        checked.append("on bfloat16 inputs")
+    return checked
+
+
+def _scaled(inputs: tuple, scale: float) -> tuple:
+    return tuple(x * scale if isinstance(x, torch.Tensor) and x.is_floating_point() else x for x in inputs)
 
 
 SCALES = (1e3, 1e6)
@@ -153,15 +286,15 @@ def _eager_runs(model: torch.nn.Module, inputs: tuple) -> bool:
 
 
 def _compare_again(module: fx.GraphModule, model: torch.nn.Module, inputs: tuple, where: str, *,
-                   scaled: bool = False) -> None:
+                   scaled: bool = False, rounding: bool = False) -> None:
     try:
         graph_out, eager_out = _run(module, inputs), _eager(model, inputs)
     except Exception as exc:  # e.g. an assert in the model on other values: fail closed
         raise GraphMismatch(f"the graph and the model could not be compared {where}: {first_line(exc)}") from exc
-    _require_same(graph_out, eager_out, where, scaled=scaled)
+    _require_same(graph_out, eager_out, where, scaled=scaled, rounding=rounding)
 
 
-def _agree(a: Any, b: Any, *, scaled: bool = False) -> bool:
+def _agree(a: Any, b: Any, *, scaled: bool = False, rounding: bool = False) -> bool:
     mine, theirs = tensors(a), tensors(b)
     if len(mine) != len(theirs):
         return False
@@ -171,17 +304,33 @@ def _agree(a: Any, b: Any, *, scaled: bool = False) -> bool:
         if (scaled and (x.is_floating_point() or x.is_complex())
             and not (torch.isfinite(x).all() and torch.isfinite(y).all())):
             continue  # overflow at this scale: inconclusive, not a mismatch
-        if not _close(x, y):
+        if not (_close_to_rounding(x, y) if rounding else _close(x, y)):
             return False
     return True
 
 
-def _require_same(graph_out: Any, eager_out: Any, where: str, *, scaled: bool = False) -> None:
+def _require_same(graph_out: Any, eager_out: Any, where: str, *, scaled: bool = False, rounding: bool = False) -> None:
     mine, theirs = tensors(graph_out), tensors(eager_out)
     if len(mine) != len(theirs):
-        raise GraphMismatch(f"the graph returns {len(mine)} tensors, the model {len(theirs)}")
-    if not _agree(graph_out, eager_out, scaled=scaled):
+        raise GraphMismatch(f"the graph returns {len(mine)} tensors, the model {len(theirs)} {where}")
+    if not _agree(graph_out, eager_out, scaled=scaled, rounding=rounding):
         raise GraphMismatch(f"the traced graph's output differs from the eager model's {where}")
+
+
+ROUNDING = 0.05  # bfloat16 keeps 8 bits: the same ops in another order agree to a few per cent of the norm
+
+
+def _close_to_rounding(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Equal up to a reduced precision's rounding, measured on the whole tensor's norm (an entry near 0
+    carries the rounding of its larger neighbours)."""
+    if not (a.is_floating_point() or a.is_complex()) or not (b.is_floating_point() or b.is_complex()):
+        return _close(a, b)
+    x, y = a.detach().double(), b.detach().double()
+    if not bool((torch.isfinite(x) == torch.isfinite(y)).all()):
+        return False
+    finite = torch.isfinite(y)
+    return bool(torch.equal(x[~finite], y[~finite]) or torch.isnan(y[~finite]).all()) and \
+        float((x[finite] - y[finite]).norm()) <= ROUNDING * float(y[finite].norm()) + 1e-3
 
 
 def shares_parameters(module: fx.GraphModule, model: torch.nn.Module) -> bool:
@@ -192,19 +341,23 @@ def shares_parameters(module: fx.GraphModule, model: torch.nn.Module) -> bool:
 
 
 def _redraws(model: torch.nn.Module, saved: dict[str, torch.Tensor]) -> Iterator[str]:
-    """Put other values into the floating-point parameters, in place (the graph shares them):
-    each one plus noise of its own spread, then negated plus noise. A zero-initialised gate
-    becomes non-zero, a positive scalar negative."""
+    """Put other values into the floating-point parameters and buffers, in place (the graph shares
+    them): each one plus noise of its own spread, then negated plus noise. A zero-initialised gate
+    becomes non-zero, a positive scalar negative, a mixing weight a training loop would ramp is moved
+    off its initial 0. A buffer's inf entries (an additive mask) stay as they are."""
     generator = torch.Generator().manual_seed(1)
-    parameters = [(p, saved[name]) for name, p in model.named_parameters() if p.is_floating_point()]
-    if not parameters:
+    tensors_ = [(t, saved[name]) for name, t in model_state(model).items()
+                if t.is_floating_point() and name in saved and t.shape == saved[name].shape]
+    if not tensors_:
         return
     with torch.no_grad():
-        spreads = [float(original.abs().max()) if original.numel() else 0.0 for _, original in parameters]
+        spreads = [float(original[torch.isfinite(original)].abs().max()) if bool(torch.isfinite(original).any())
+                   else 0.0 for _, original in tensors_]
     for sign, label in ((1.0, "redrawn"), (-1.0, "negated and redrawn")):
         with torch.no_grad():
-            for (parameter, original), spread in zip(parameters, spreads):  # in place, in the parameter's dtype
-                parameter.normal_(0.0, 0.1 * max(spread, 0.1), generator=generator).add_(original, alpha=sign)
+            for (tensor, original), spread in zip(tensors_, spreads):  # in place, in the tensor's dtype
+                tensor.normal_(0.0, 0.1 * max(spread, 0.1), generator=generator).add_(original, alpha=sign)
+                tensor.copy_(torch.where(torch.isfinite(original), tensor, original))
         yield label
 
 

@@ -208,10 +208,12 @@ class ModelReport:
 
     @property
     def max_q(self) -> Exponent:
-        """max_k q_k over the blocks (None when some block is not known)."""
-        if not self.blocks or any(b.q is None for b in self.blocks):
+        """The largest q over the blocks and the transitions alike (None when one is not known): a
+        supercritical stem or head is never summarised as the blocks' max q."""
+        parts = [*self.blocks, *self.transitions]
+        if not self.blocks or any(p.q is None for p in parts):
             return None
-        return max(b.q for b in self.blocks)  # type: ignore[type-var]
+        return max(p.q for p in parts)  # type: ignore[type-var]
 
     @property
     def share_q1(self) -> Optional[float]:

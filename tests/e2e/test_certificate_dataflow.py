@@ -1,0 +1,149 @@
+"""A certificate rests on what the model computes (fixtures/dataflow.py), tried through ``qlint --format json``:
+
+1. residual updates are found by dataflow: a value carrying part of the stream by identity combined
+   with a term computed from it is an update in every spelling (slice assignment, ``+=`` on a slice,
+   ``narrow().add_``, ``cat`` of an updated slice, ``index_add``, ``index_put``, ``scatter``,
+   ``where``), and the norm after it does not hide it; a linear rearrangement of the stream
+   (rotate_half, a cat of its own halves) and a broadcast bias are not updates;
+2. the graph is checked against eager under every global mode the forward can read and over
+   successive calls; a model that cannot run in a mode is not refused for it;
+3. floating-point buffers are parameters; integer buffers and frozen statistics are constants;
+4. max_q covers transitions.
+
+Each mechanism also has a direct test with the input that would break it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from conftest import ROOT, load_module
+from qlint.core.graph_check import GraphMismatch, compare_with_eager, python_state
+
+SPEC = "fixtures/dataflow.py"
+dataflow = load_module(ROOT / "fixtures" / "dataflow.py", "dataflow_fixtures")
+
+EXPECTED: dict[str, tuple[str, object]] = {  # factory: (verdict, max q)
+    **{f"{s}_square": ("supercritical", 2.0) for s in dataflow.SPELLINGS},
+    **{f"{s}_linear": ("certified", 1.0) for s in dataflow.SPELLINGS},
+    "stem_update_square": ("supercritical", 2.0),
+    "stem_update_linear": ("certified", 1.0),
+    "rotary": ("certified", 1.0),
+    "head_square": ("supercritical", 2.0),
+    **{f"reads_{m}": ("failed", None) for m in dataflow.MODES},
+    "reads_nothing": ("certified", 1.0),
+    "no_bfloat16_kernel": ("certified", 1.0),
+    "float_buffer_gate": ("supercritical", 2.0),
+    "integer_buffer_gate": ("certified", 1.0),
+    "annealed_exponent": ("uncertified", None),
+    "frozen_statistics": ("certified", 1.0),
+}
+REFUSED_BECAUSE = {  # what the one-line reason of each refused model names
+    "reads_inference_mode": "in inference mode",
+    "reads_grad_enabled": "with gradients on",
+    "reads_autocast": "under CPU autocast",
+    "reads_default_dtype": "float64 as the default dtype",
+    "reads_deterministic": "deterministic algorithms",
+    "reads_input_dtype": "bfloat16 inputs",
+    "reads_call_counter": "changes between identical calls",
+}
+
+
+@pytest.fixture(scope="module")
+def report() -> dict[str, dict]:
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    specs = [f"{SPEC}:{name}" for name in EXPECTED]
+    proc = subprocess.run([sys.executable, "-m", "qlint", *specs, "--format", "json"], cwd=ROOT,
+                          capture_output=True, text=True, timeout=900, env=env)
+    assert proc.returncode == 1, proc.stderr[-2000:]  # findings (the refused models are in the report as failed)
+    return {m["spec"].split(":")[-1]: m for m in json.loads(proc.stdout)["models"]}
+
+
+@pytest.mark.parametrize("name", list(EXPECTED))
+def test_verdict_and_max_q(report, name):
+    verdict, max_q = EXPECTED[name]
+    assert (report[name]["verdict"], report[name]["max_q"]) == (verdict, max_q)
+
+
+@pytest.mark.parametrize("name", list(REFUSED_BECAUSE))
+def test_a_refusal_names_the_mode_or_state(report, name):
+    assert REFUSED_BECAUSE[name] in report[name]["failure"]
+
+
+@pytest.mark.parametrize("spelling", dataflow.SPELLINGS)
+def test_the_partial_update_is_its_own_block_before_the_norm(report, spelling):
+    blocks = report[f"{spelling}_square"]["blocks"]
+    assert [b["q"] for b in blocks] == [0.0, 0.0, 2.0]
+    assert blocks[-1]["form"] != "post-norm"  # the final norm is the head's, not the update's
+    transitions = report[f"{spelling}_square"]["transitions"]
+    assert [(t["kind"], t["q"]) for t in transitions] == [("head", 0.0)]
+
+
+def test_an_update_in_the_stem_before_an_embedding_norm_is_a_block(report):
+    blocks = report["stem_update_square"]["blocks"]
+    assert [b["q"] for b in blocks] == [2.0, 0.0, 0.0]
+
+
+def test_a_linear_rearrangement_of_the_stream_is_not_an_update(report):
+    """rotate_half's cat(-h2, h1) and the cat of the stream's own halves move entries only."""
+    assert [b["q"] for b in report["rotary"]["blocks"]] == [0.0]
+
+
+def test_a_supercritical_head_sets_max_q(report):
+    head = report["head_square"]
+    assert [b["q"] for b in head["blocks"]] == [0.0]
+    assert [t["q"] for t in head["transitions"]] == [2.0]
+
+
+def test_the_check_names_the_modes_it_ran(report):
+    check = report["reads_nothing"]["graph_check"]
+    for mode in ("in inference mode", "under CPU autocast", "float64 as the default dtype",
+                 "deterministic algorithms", "on bfloat16 inputs", "3 successive calls"):
+        assert mode in check
+
+
+# --- the inputs that would break each mechanism ---------------------------------------------------
+
+
+def test_checking_leaves_the_models_python_state_as_it_was():
+    """The check calls the forward many times: a counter it moves is put back."""
+    model, inputs = dataflow.reads_call_counter()
+    traced = torch.fx.symbolic_trace(model)
+    before = python_state(model)
+    with pytest.raises(GraphMismatch):
+        compare_with_eager(model, traced, inputs)
+    assert python_state(model) == before
+
+
+def test_a_python_counter_that_does_not_change_the_output_yet_is_refused():
+    """A depth unlocked after many calls: the outputs of three calls agree, the counter moved."""
+    model, inputs = dataflow.reads_call_counter()
+    model.calls = -1000
+    traced = torch.fx.symbolic_trace(model)
+    with pytest.raises(GraphMismatch, match="changes `calls`"):
+        compare_with_eager(model, traced, inputs)
+
+
+def test_redrawing_keeps_an_additive_masks_infinities():
+    """A float buffer holding -inf (an additive attention mask) is redrawn where finite only, so the
+    graph and the model are compared on finite values, not refused for NaN noise."""
+    class Masked(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.fc = torch.nn.Linear(dataflow.D, dataflow.D)
+            self.register_buffer("mask", torch.triu(torch.full((3, 3), float("-inf")), 1))
+
+        def forward(self, x):
+            scores = torch.softmax(x @ x.transpose(-1, -2) / 8 + self.mask, -1)
+            return x + scores @ self.fc(x)
+
+    model = Masked().eval()
+    traced = torch.fx.symbolic_trace(model)
+    assert "redrawn parameters and floating buffers" in compare_with_eager(model, traced, (torch.randn(2, 3, 8),))
+    assert torch.isinf(model.mask).sum() == 3  # restored
