@@ -26,7 +26,8 @@ import torch.fx as fx
 
 from qlint.core import reuse as layer_reuse
 from qlint.core.graph import TORCH_DIR
-from qlint.core.graph_check import GraphMismatch, compare_with_eager, eager_failure, shape_coverage
+from qlint.core.graph_check import (GraphMismatch, attributes, compare_with_eager, eager_failure,
+                                   restore_attributes, shape_coverage)
 from qlint.core.ops import declared_name
 from qlint.core.trace import (TraceFailure, TracedGraph, ValueSpecialised, export_module, first_line, grad_state,
                               has_meta,
@@ -82,6 +83,16 @@ def capture(model: torch.nn.Module, inputs: Optional[tuple], registry: Any = Non
         raise TraceFailure(f"the parameter `{broken[0]}` holds inf or nan{more}, so the graph cannot be checked "
                            "against the model's outputs; analyse the model with finite weights (a fresh init, or "
                            "--device meta)")
+    held = attributes(model)
+    try:
+        return _first_faithful(model, inputs, registry, prefer, reuse, shapes_too)
+    finally:
+        restore_attributes(model, held)
+
+
+def _first_faithful(model: torch.nn.Module, inputs: Optional[tuple], registry: Any, prefer: Optional[str],
+                    reuse: bool, shapes_too: bool) -> TracedGraph:
+    """Each tracer in turn (``prefer``: that one only) until one gives a graph the checks accept."""
     attempts: list[str] = []
     errors: list[tuple[str, BaseException]] = []
     for name in [prefer] if prefer else TRACERS:

@@ -93,7 +93,7 @@ def compare_with_eager(model: torch.nn.Module, module: fx.GraphModule, inputs: O
         return "not compared: meta tensors have no values"
     saved = snapshot(model)
     state = torch.random.get_rng_state()
-    held = python_state(model)
+    held, plain = attributes(model), python_state(model)
     try:
         with grad_state(model.training):
             torch.manual_seed(0)
@@ -104,7 +104,7 @@ def compare_with_eager(model: torch.nn.Module, module: fx.GraphModule, inputs: O
                 b.untyped_storage().data_ptr() for name, b in model.named_buffers()
                 if b.numel() and not _same_tensor(b, saved[name]))
             _require_same(graph_out, first, "on the example inputs")
-            _require_stateless(model, inputs, first, held, module.meta["qlint_written_buffers"])
+            _require_stateless(model, inputs, first, plain, module.meta["qlint_written_buffers"])
             floats = any(isinstance(x, torch.Tensor) and x.is_floating_point() for x in inputs)
             if model.training and floats:  # in training every block after the first reads a value that requires grad
                 wanting = tuple(x.detach().requires_grad_(True) if isinstance(x, torch.Tensor) and x.is_floating_point()
@@ -125,7 +125,7 @@ def compare_with_eager(model: torch.nn.Module, module: fx.GraphModule, inputs: O
         modes = _compare_in_modes(module, model, inputs, model.training)
     finally:
         restore(model, saved)
-        restore_python_state(model, held)
+        restore_attributes(model, held)
         torch.random.set_rng_state(state)
     count = len(tensors(graph_out))
     return (f"matches the eager model on the example inputs, scaled by {', '.join(f'{s:g}' for s in SCALES)}, "
@@ -174,14 +174,25 @@ def python_state(model: torch.nn.Module) -> dict[str, Any]:
     return state
 
 
-def restore_python_state(model: torch.nn.Module, held: dict[str, Any]) -> None:
-    """Put back the plain values the checks' calls changed, so checking leaves the model as it was."""
-    modules = dict(model.named_modules())
-    for name, value in held.items():
-        path, _, key = name.rpartition(".")
-        owner = modules.get(path)
-        if owner is not None and vars(owner).get(key, value) != value:
-            setattr(owner, key, value)
+def attributes(model: torch.nn.Module) -> dict[str, dict[str, Any]]:
+    """Each module's own attributes (its ``__dict__``, shallow): what a forward may assign."""
+    return {path: dict(vars(module)) for path, module in model.named_modules()}
+
+
+def restore_attributes(model: torch.nn.Module, held: dict[str, dict[str, Any]]) -> None:
+    """Tracing leaves nothing in the user's module: an attribute the forward assigned while being
+    traced (symbolic_trace would leave an fx Proxy there, export a fake tensor) or checked (a counter)
+    is put back, and one it added is removed."""
+    for path, module in model.named_modules():
+        before = held.get(path)
+        if before is None:
+            continue
+        own = vars(module)
+        for key in [k for k in own if k not in before]:
+            del own[key]
+        for key, value in before.items():
+            if own.get(key) is not value:
+                own[key] = value
 
 
 def _observed_modes(training: bool) -> list[tuple[str, Any, bool]]:
@@ -375,4 +386,5 @@ def _close(a: torch.Tensor, b: torch.Tensor) -> bool:
     return bool(torch.equal(a, b))
 
 
-__all__ = ["GraphMismatch", "compare_with_eager", "computes", "eager_failure", "shape_coverage", "shares_parameters"]
+__all__ = ["GraphMismatch", "attributes", "compare_with_eager", "computes", "eager_failure", "python_state",
+           "restore_attributes", "shape_coverage", "shares_parameters"]

@@ -147,3 +147,23 @@ def test_redrawing_keeps_an_additive_masks_infinities():
     traced = torch.fx.symbolic_trace(model)
     assert "redrawn parameters and floating buffers" in compare_with_eager(model, traced, (torch.randn(2, 3, 8),))
     assert torch.isinf(model.mask).sum() == 3  # restored
+
+
+def test_tracing_leaves_nothing_in_the_users_module():
+    """A forward that stores an intermediate (``self.last = h``): symbolic_trace would leave an fx Proxy
+    there, the checks a tensor of their own; the attribute is as the user left it (absent)."""
+    import qlint
+
+    class Remembers(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.fc = torch.nn.Linear(dataflow.D, dataflow.D)
+
+        def forward(self, x):
+            self.last = self.fc(x)
+            return x + torch.relu(self.last)
+
+    model = Remembers()
+    report = qlint.analyze(model, (torch.randn(2, 3, dataflow.D),))
+    assert report.verdict == "certified"
+    assert "last" not in vars(model)
