@@ -141,8 +141,9 @@ def _product(a: Optional[float], b: Optional[float]) -> Optional[float]:
     return None if a is None or b is None else a * b
 
 
-def join_terms(node: fx.Node, graph: GraphFacts) -> Optional[list[Term]]:
-    """The terms of a linear combination (None when the node is not a join)."""
+def join_terms(node: fx.Node, graph: GraphFacts, selections: bool = False) -> Optional[list[Term]]:
+    """The terms of a linear combination (None when the node is not a join); ``selections``: writes
+    and ``where`` too (:data:`_SELECTIONS`)."""
     stacked = _stack_sum(node, graph)
     if stacked is not None:
         return stacked
@@ -150,9 +151,9 @@ def join_terms(node: fx.Node, graph: GraphFacts) -> Optional[list[Term]]:
         parts = _arg(node, "tensors") or []
         return [Term(p, 1.0, ((node, "tensors"),), p) for p in parts if isinstance(p, fx.Node) and p in graph.data]
     op = facts(node).op
-    if op in _SELECTIONS and not (op == "write" and _accumulates(node)):
+    if selections and op in _SELECTIONS and not (op == "write" and _accumulates(node)):
         return _opaque(node, graph, _SELECTIONS[op], ())
-    if "sum" not in facts(node).family and op != "write":
+    if "sum" not in facts(node).family and not (selections and op == "write"):
         return None
     return _terms(node, graph, 1.0, ())
 
@@ -327,6 +328,12 @@ def find_stream(graph: GraphFacts, root_name: str = "model") -> Stream:
     _shift_input_norms(candidates, graph)
     for block in candidates:
         block.region = graph.region([block.stream], block.join)
+    inside = {n for b in candidates for n in b.region}
+    hidden = [b for b in (_as_block(j, graph, dataflow=True) for j in graph.nodes if j in graph.data and j not in inside)
+              if b is not None]
+    for block in hidden:
+        block.region = graph.region([block.stream], block.join)
+    candidates += hidden
     by_join = {b.join: b for b in candidates}
     nested, top = [], []
     for block in candidates:
@@ -350,9 +357,14 @@ def find_stream(graph: GraphFacts, root_name: str = "model") -> Stream:
     return Stream(blocks=blocks, transitions=transitions, nested=nested)
 
 
-def _as_block(join: fx.Node, graph: GraphFacts) -> Optional[StreamBlock]:
-    """The block rooted at this join, if one term carries X_k and another depends on it."""
-    terms = join_terms(join, graph) if "qlint" in join.meta else None
+def _as_block(join: fx.Node, graph: GraphFacts, dataflow: bool = False) -> Optional[StreamBlock]:
+    """The block rooted at this join, if one term carries X_k and another depends on it.
+
+    ``dataflow``: the updates outside every block found by form (a stem, a head, between blocks),
+    where a later norm would hide them: a write or a ``where`` is a join too, and a term that carries
+    part of X_k by identity (:func:`identity_source`) is a skip; such an update is analysed in the
+    scaled form, q <= max(1, q(F))."""
+    terms = join_terms(join, graph, selections=dataflow) if "qlint" in join.meta else None
     if not terms or len(terms) < 2:
         return None
     # cat([X_k, g(X_k)]) = [X_k; 0] + [0; g(X_k)]: an update of the augmented state (DenseNet, Next-ViT)
@@ -367,7 +379,7 @@ def _as_block(join: fx.Node, graph: GraphFacts) -> Optional[StreamBlock]:
         return stream
 
     best = _skip(terms, graph, whole)
-    partial = best is None
+    partial = best is None and dataflow
     if partial:
         # a part of X_k carried by identity (a slice, a gather, the data of a write): a partial update
         def part(term: Term) -> Optional[fx.Node]:
@@ -378,7 +390,7 @@ def _as_block(join: fx.Node, graph: GraphFacts) -> Optional[StreamBlock]:
     if best is None:
         return _gated(join, terms, graph)
     skip, stream = best
-    if (partial or facts(join).op in _SELECTIONS) and all(
+    if dataflow and all(
             _derived(t.node, {stream}, graph, linear=True) for t in terms if t is not skip):
         # a linear rearrangement of X_k (rotate_half's cat(-x2, x1), a patch merge, a functionalised
         # write-back of X_k's own entries): no term computes anything, so there is no update

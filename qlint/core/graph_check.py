@@ -93,12 +93,13 @@ def compare_with_eager(model: torch.nn.Module, module: fx.GraphModule, inputs: O
         return "not compared: meta tensors have no values"
     saved = snapshot(model)
     state = torch.random.get_rng_state()
-    held, plain = attributes(model), python_state(model)
+    held = attributes(model)
     try:
         with grad_state(model.training):
             torch.manual_seed(0)
             graph_out = ShapeProp(module).propagate(*inputs) if shape_only else module(*inputs)
             first = _eager(model, inputs)
+            plain = python_state(model)  # after one call: a value set once (a flag, a lazy cache) is no state
             # buffers the forward writes (BatchNorm's statistics in training)
             module.meta["qlint_written_buffers"] = frozenset(
                 b.untyped_storage().data_ptr() for name, b in model.named_buffers()
@@ -140,8 +141,8 @@ CALLS = 3  # successive identical calls compared: state kept across calls shows 
 def _require_stateless(model: torch.nn.Module, inputs: tuple, first: Any, before: dict[str, Any],
                        written: frozenset[int]) -> None:
     """One traced call stands for every call only if the forward keeps no state: the same output over
-    successive identical calls, no plain Python value of a module changed by a call (a step counter, a
-    depth unlocked after N calls, a flag), and no integer or bool buffer written (a step count read
+    successive identical calls, no plain Python value of a module that the calls after the first go on
+    changing (a step counter, a depth unlocked after N calls), and no integer or bool buffer written (a step count read
     into Python with ``int(self.step)``; BatchNorm's own ``num_batches_tracked`` excepted)."""
     for call in range(2, CALLS + 1):
         if not _agree(first, _eager(model, inputs)):
@@ -242,14 +243,14 @@ def _compare_in_modes(module: fx.GraphModule, model: torch.nn.Module, inputs: tu
         with mode():
             if not _eager_runs(model, inputs):
                 continue  # the model does not run in this mode (an op without a bfloat16 kernel): nothing to stand for
-        for scale in MODE_SCALES:
+        for scale in MODE_SCALES[:1] if rounds else MODE_SCALES:  # rounding drifts by tens of per cent at 1e3
             where = what + (f", inputs scaled by {scale:g}" if scale != 1.0 else "")
             try:
-                # a mode that rounds: the graph in full precision (an export's graph checks its dtypes),
-                # the eager model in the mode, equal up to its rounding
-                graph_out = None if not rounds else _run(module, _scaled(inputs, scale))
+                # the graph as analysed (in the analysed mode: an export's graph checks its dtypes and
+                # may not run in another grad mode), the eager model in the mode: equal unless the
+                # forward reads the mode (up to its rounding, for a mode that rounds)
+                graph_out = _run(module, _scaled(inputs, scale))
                 with mode():
-                    graph_out = graph_out if rounds else _run(module, _scaled(inputs, scale))
                     eager_out = _eager(model, _scaled(inputs, scale))
             except Exception as exc:  # noqa: BLE001  (fail closed)
                 raise GraphMismatch(f"the graph and the model could not be compared {where}: {first_line(exc)}") from exc
@@ -328,7 +329,10 @@ def _require_same(graph_out: Any, eager_out: Any, where: str, *, scaled: bool = 
         raise GraphMismatch(f"the traced graph's output differs from the eager model's {where}")
 
 
-ROUNDING = 0.05  # bfloat16 keeps 8 bits: the same ops in another order agree to a few per cent of the norm
+# bfloat16 keeps 8 bits: a deep network's output drifts by a per cent or two of its norm at the example
+# (an EfficientNet, a MaxViT; 28-35 % at inputs 1e3 x the example's, so a mode that rounds is compared at
+# the example only), while a branch the mode switches on changes it by its own size
+ROUNDING = 0.25
 
 
 def _close_to_rounding(a: torch.Tensor, b: torch.Tensor) -> bool:

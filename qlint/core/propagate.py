@@ -288,15 +288,10 @@ class GrowthProp(fx.Interpreter):
         return self._fixed_nodes
 
     def _arbitrary(self, target: str) -> bool:
-        """An attribute training may move (a parameter, a trainable alias, a floating-point buffer,
-        an integer buffer the forward writes or one not known to be left alone), or one not read.
-
-        A floating-point buffer is moved by training loops the forward never sees (a mixing weight
-        ramped 0 -> 1, an exponent annealed 1 -> 2, EMA statistics), so, like a parameter, it may
-        hold any value: an expression in it alone is a constant of exponent 0 in the input whose
-        possible inf or NaN is a QL108 hazard, never a value read off today's buffer. An integer or
-        bool buffer the forward never writes (a causal mask, an index table, a bucket map: the graph
-        check ran the forward and compared) is a constant, read by value."""
+        """An attribute training may move (a parameter, a trainable alias, a buffer the forward
+        writes or one not known to be left alone), or one not read. A buffer the forward never
+        writes (frozen BatchNorm statistics, a grid, a temperature: the graph check ran the
+        forward and compared) is a constant, read by value."""
         try:
             value = self.fetch_attr(target)
         except (AttributeError, RuntimeError):
@@ -305,9 +300,7 @@ class GrowthProp(fx.Interpreter):
             return True
         if isinstance(value, torch.nn.Parameter) or self.is_trainable(target, value) or value.is_meta:
             return True
-        if not is_buffer(self.module, target) or lifted_constant(target):
-            return False
-        return value.is_floating_point() or value.is_complex() or not self._frozen(value)
+        return is_buffer(self.module, target) and not lifted_constant(target) and not self._frozen(value)
 
     def _frozen(self, value: torch.Tensor) -> bool:
         written = self.module.meta.get("qlint_written_buffers")
