@@ -906,6 +906,7 @@ def _branches(block: StreamBlock, base: str, graph: GraphFacts) -> list[str]:
             members.setdefault(child, []).append(node)
     wrappers = {child for child, nodes in members.items() if _wrapper(nodes, graph)}
     found: list[str] = []
+    wrapping: list[str] = []  # the wrappers passed on the way: the name of a velocity that only normalises
     stack = [t.node for t in reversed(block.terms)]
     seen: set[fx.Node] = set()
     while stack:
@@ -918,8 +919,10 @@ def _branches(block: StreamBlock, base: str, graph: GraphFacts) -> list[str]:
             if child not in found:
                 found.append(child)
             continue
+        if child and child not in wrapping:
+            wrapping.append(child)
         stack.extend(sorted((p for p in graph.parents.get(node, ()) if p in region), key=graph.order.__getitem__))
-    return found
+    return found or wrapping
 
 
 def _child(node: fx.Node, prefix: str) -> str:

@@ -14,8 +14,8 @@ import torch
 import torch.fx as fx
 
 from qlint.core import shapes
-from qlint.core.trace import (argument_names, first_line, grad_state, has_meta, model_state, quiet, restore,
-                              snapshot, tensor_outputs, tensors)
+from qlint.core.trace import (argument_names, first_line, grad_state, has_meta, quiet, restore, snapshot,
+                              tensor_outputs, tensors)
 
 def shape_coverage(model: torch.nn.Module, module: fx.GraphModule, inputs: Optional[tuple],
                    tracer: str) -> Optional[shapes.ShapeCoverage]:
@@ -120,9 +120,9 @@ def compare_with_eager(model: torch.nn.Module, module: fx.GraphModule, inputs: O
             if not shares_parameters(module, model):  # redrawing the model's would not redraw the graph's
                 raise GraphMismatch("the graph holds its own copy of the parameters: it cannot be checked with redrawn "
                                     "ones")
-            for redraw in _redraws(model, saved):  # each redraw overwrites every float parameter and buffer
-                _compare_again(module, model, inputs, f"with the parameters and floating buffers {redraw}")
-                restore(model, saved)  # what the forward may have updated (BatchNorm's statistics)
+            for redraw in _redraws(model, saved):  # each redraw overwrites every float parameter
+                _compare_again(module, model, inputs, f"with the parameters {redraw}")
+                restore(model, saved, buffers_only=True)  # what the forward may have updated (BatchNorm's statistics)
         modes = _compare_in_modes(module, model, inputs, model.training)
     finally:
         restore(model, saved)
@@ -130,7 +130,7 @@ def compare_with_eager(model: torch.nn.Module, module: fx.GraphModule, inputs: O
         torch.random.set_rng_state(state)
     count = len(tensors(graph_out))
     return (f"matches the eager model on the example inputs, scaled by {', '.join(f'{s:g}' for s in SCALES)}, "
-            f"with redrawn parameters and floating buffers, over {CALLS} successive calls"
+            f"with redrawn parameters, over {CALLS} successive calls"
             + (f", and {', '.join(modes)}" if modes else "")
             + f" ({count} output{'s' if count != 1 else ''})")
 
@@ -356,23 +356,19 @@ def shares_parameters(module: fx.GraphModule, model: torch.nn.Module) -> bool:
 
 
 def _redraws(model: torch.nn.Module, saved: dict[str, torch.Tensor]) -> Iterator[str]:
-    """Put other values into the floating-point parameters and buffers, in place (the graph shares
-    them): each one plus noise of its own spread, then negated plus noise. A zero-initialised gate
-    becomes non-zero, a positive scalar negative, a mixing weight a training loop would ramp is moved
-    off its initial 0. A buffer's inf entries (an additive mask) stay as they are."""
+    """Put other values into the floating-point parameters, in place (the graph shares them):
+    each one plus noise of its own spread, then negated plus noise. A zero-initialised gate
+    becomes non-zero, a positive scalar negative."""
     generator = torch.Generator().manual_seed(1)
-    tensors_ = [(t, saved[name]) for name, t in model_state(model).items()
-                if t.is_floating_point() and name in saved and t.shape == saved[name].shape]
-    if not tensors_:
+    parameters = [(p, saved[name]) for name, p in model.named_parameters() if p.is_floating_point()]
+    if not parameters:
         return
     with torch.no_grad():
-        spreads = [float(original[torch.isfinite(original)].abs().max()) if bool(torch.isfinite(original).any())
-                   else 0.0 for _, original in tensors_]
+        spreads = [float(original.abs().max()) if original.numel() else 0.0 for _, original in parameters]
     for sign, label in ((1.0, "redrawn"), (-1.0, "negated and redrawn")):
         with torch.no_grad():
-            for (tensor, original), spread in zip(tensors_, spreads):  # in place, in the tensor's dtype
-                tensor.normal_(0.0, 0.1 * max(spread, 0.1), generator=generator).add_(original, alpha=sign)
-                tensor.copy_(torch.where(torch.isfinite(original), tensor, original))
+            for (parameter, original), spread in zip(parameters, spreads):  # in place, in the parameter's dtype
+                parameter.normal_(0.0, 0.1 * max(spread, 0.1), generator=generator).add_(original, alpha=sign)
         yield label
 
 

@@ -208,9 +208,10 @@ class ModelReport:
 
     @property
     def max_q(self) -> Exponent:
-        """The largest q over the blocks and the transitions alike (None when one is not known): a
-        supercritical stem or head is never summarised as the blocks' max q."""
-        parts = [*self.blocks, *self.transitions]
+        """max_k q_k over the blocks, and over every transition that is not certified (None when one
+        of them is not known): a supercritical stem or head is never summarised as the blocks' max q,
+        while a certified stem's linear q = 1 is no velocity exponent."""
+        parts = [*self.blocks, *(t for t in self.transitions if t.status != "ok")]
         if not self.blocks or any(p.q is None for p in parts):
             return None
         return max(p.q for p in parts)  # type: ignore[type-var]

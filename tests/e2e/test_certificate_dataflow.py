@@ -141,25 +141,6 @@ def test_a_python_counter_that_does_not_change_the_output_yet_is_refused():
         compare_with_eager(model, traced, inputs)
 
 
-def test_redrawing_keeps_an_additive_masks_infinities():
-    """A float buffer holding -inf (an additive attention mask) is redrawn where finite only, so the
-    graph and the model are compared on finite values, not refused for NaN noise."""
-    class Masked(torch.nn.Module):
-        def __init__(self):
-            super().__init__()
-            self.fc = torch.nn.Linear(dataflow.D, dataflow.D)
-            self.register_buffer("mask", torch.triu(torch.full((3, 3), float("-inf")), 1))
-
-        def forward(self, x):
-            scores = torch.softmax(x @ x.transpose(-1, -2) / 8 + self.mask, -1)
-            return x + scores @ self.fc(x)
-
-    model = Masked().eval()
-    traced = torch.fx.symbolic_trace(model)
-    assert "redrawn parameters and floating buffers" in compare_with_eager(model, traced, (torch.randn(2, 3, 8),))
-    assert torch.isinf(model.mask).sum() == 3  # restored
-
-
 def test_tracing_leaves_nothing_in_the_users_module():
     """A forward that stores an intermediate (``self.last = h``): symbolic_trace would leave an fx Proxy
     there, the checks a tensor of their own; the attribute is as the user left it (absent)."""

@@ -201,10 +201,11 @@ def test_autoformer_blocks_are_its_residual_adds(zoo):
 def test_xcit_blocks_are_named_after_their_branches(zoo):
     report = zoo("xcit")
     # the class-attention MLP block adds cat([gamma2 * mlp(cls), x[:, 1:]]): the patch tokens
-    # pass into its velocity unchanged, q = 1
+    # pass into its velocity unchanged, q = 1; between the two, cat([norm2(x[:, :1]), x[:, 1:]])
+    # overwrites the class token with its norm: a partial update found by dataflow, q = max(1, 0)
     assert blocks(report) == layers(["attn", "local_mp", "mlp"], base="blocks") + [
-        ("cls_attn_blocks.0:attn", 0.0), ("cls_attn_blocks.0:mlp", 1.0),
-        ("cls_attn_blocks.1:attn", 0.0), ("cls_attn_blocks.1:mlp", 1.0)]
+        ("cls_attn_blocks.0:attn", 0.0), ("cls_attn_blocks.0:norm2", 1.0), ("cls_attn_blocks.0:mlp", 1.0),
+        ("cls_attn_blocks.1:attn", 0.0), ("cls_attn_blocks.1:norm2", 1.0), ("cls_attn_blocks.1:mlp", 1.0)]
     assert "Xcit" not in {b.name for b in report.blocks}
 
 
