@@ -149,10 +149,15 @@ def join_terms(node: fx.Node, graph: GraphFacts, selections: bool = False) -> Op
         return stacked
     if op_name(node) in ("cat", "concat", "concatenate"):
         parts = _arg(node, "tensors") or []
-        return [Term(p, 1.0, ((node, "tensors"),), p) for p in parts if isinstance(p, fx.Node) and p in graph.data]
+        terms = [Term(p, 1.0, ((node, "tensors"),), p) for p in parts if isinstance(p, fx.Node) and p in graph.data]
+        # with selections, a part's sums are terms of their own: cat([x[:, :k] + s, x[:, k:]]) moves X_k's
+        # entries and adds s (ReXNet's channel-expanding shortcut), s is the only update
+        return [t for term in terms for t in _written_terms(term, graph)] if selections else terms
     op = facts(node).op
     if selections and op in _SELECTIONS and not (op == "write" and _accumulates(node)):
-        return _opaque(node, graph, _SELECTIONS[op], ())
+        # likewise a written value's: ``x[:, :k] += s`` writes slice(x) + s
+        return [t for term in _opaque(node, graph, _SELECTIONS[op], ())
+                for t in (_written_terms(term, graph) if term.path[-1][1] != "input" else [term])]
     if "sum" not in facts(node).family and not (selections and op == "write"):
         return None
     return _terms(node, graph, 1.0, ())
@@ -223,6 +228,14 @@ def _terms(node: fx.Node, graph: GraphFacts, scale: Optional[float], path: tuple
 def _accumulates(node: fx.Node) -> bool:
     return op_name(node) in ("index_add", "scatter_add", "index_add_", "scatter_add_") or (
         op_name(node).startswith("index_put") and _arg(node, "accumulate", False) is True)
+
+
+def _written_terms(term: Term, graph: GraphFacts) -> list[Term]:
+    """The terms of a written value, through export's ``copy`` into the destination and copies."""
+    value = term.node
+    while facts(value).op == "copy_into" and isinstance(_arg(value, "src"), fx.Node):
+        value = carried(_arg(value, "src"))
+    return _expand(carried(value), graph, None, term.path) if value in graph.data else [term]
 
 
 def _opaque(node: fx.Node, graph: GraphFacts, names: tuple[str, ...], path: tuple) -> list[Term]:
@@ -329,11 +342,14 @@ def find_stream(graph: GraphFacts, root_name: str = "model") -> Stream:
     for block in candidates:
         block.region = graph.region([block.stream], block.join)
     inside = {n for b in candidates for n in b.region}
-    hidden = [b for b in (_as_block(j, graph, dataflow=True) for j in graph.nodes if j in graph.data and j not in inside)
-              if b is not None]
-    for block in hidden:
+    found = {(b.stream, b.join) for b in candidates}
+    for block in (_as_block(j, graph, dataflow=True) for j in graph.nodes if j in graph.data and j not in inside):
+        if block is None:
+            continue
         block.region = graph.region([block.stream], block.join)
-    candidates += hidden
+        region = set(block.region)
+        if not any(stream is block.stream and join in region for stream, join in found):
+            candidates.append(block)  # else it re-wraps a block found by form, whose own update it is
     by_join = {b.join: b for b in candidates}
     nested, top = [], []
     for block in candidates:
@@ -378,7 +394,7 @@ def _as_block(join: fx.Node, graph: GraphFacts, dataflow: bool = False) -> Optio
             return None  # a term broadcast up to the join is a bias, not X_k
         return stream
 
-    best = _skip(terms, graph, whole)
+    best = _skip(terms, graph, whole, carriers_too=not dataflow)
     partial = best is None and dataflow
     if partial:
         # a part of X_k carried by identity (a slice, a gather, the data of a write): a partial update
@@ -386,7 +402,7 @@ def _as_block(join: fx.Node, graph: GraphFacts, dataflow: bool = False) -> Optio
             source = identity_source(term.node, graph)
             return None if source is carried(term.node) else source  # a broadcast bias carries no part of X_k
 
-        best = _skip(terms, graph, part)
+        best = _skip(terms, graph, part, carriers_too=False)
     if best is None:
         return _gated(join, terms, graph)
     skip, stream = best
@@ -403,23 +419,25 @@ def _as_block(join: fx.Node, graph: GraphFacts, dataflow: bool = False) -> Optio
         if all(_derived(t.node, {stream}, graph, linear=False) for t in velocity):
             return None  # padding by copies or averages of X_k (Autoformer's edges): no branch computes anything
         return StreamBlock(join=join, stream=stream, skip=skip, terms=velocity,
-                           form="scaled" if repeated or partial else "additive", partial=partial)
-    exact = not partial and facts(join).op in _EXACT and skip.coefficient == 1.0 and not repeated and all(
+                           form="scaled" if repeated or dataflow else "additive", partial=partial)
+    exact = not dataflow and facts(join).op in _EXACT and skip.coefficient == 1.0 and not repeated and all(
         facts(node).op in _EXACT or facts(node).op in ("neg", "mul", "div") for node, _ in skip.path)
     return StreamBlock(join=join, stream=stream, skip=skip, terms=velocity, form="additive" if exact else "scaled",
                        partial=partial)
 
 
-def _skip(terms: list[Term], graph: GraphFacts, locate) -> Optional[tuple[Term, fx.Node]]:
+def _skip(terms: list[Term], graph: GraphFacts, locate, carriers_too: bool = True) -> Optional[tuple[Term, fx.Node]]:
     """The term that carries X_k (``locate`` finds the value a term carries), chosen so that the
-    most other terms depend on it, the latest such X_k first; None when no term qualifies."""
+    most other terms depend on it, the latest such X_k first; None when no term qualifies.
+    ``carriers_too``: a term that only carries part of X_k by identity counts as depending on it."""
     best: Optional[tuple[int, int, Term, fx.Node]] = None
     for term in terms:
         stream = locate(term)
         if stream is None or stream not in graph.data:
             continue
         others = [t for t in terms if t is not term]
-        dependent = [t for t in others if graph.depends_on(t.node, stream)]
+        dependent = [t for t in others if graph.depends_on(t.node, stream)
+                     and (carriers_too or identity_source(t.node, graph) is not stream)]
         if not dependent or any(graph.is_ancestor(t.node, stream) for t in others):
             continue
         key = (len(dependent), graph.order[stream])

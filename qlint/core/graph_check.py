@@ -229,7 +229,10 @@ def _deterministic() -> Iterator[None]:
         torch.use_deterministic_algorithms(previous, warn_only=warn_only)
 
 
-MODE_SCALES = (1.0, 1e3)  # a branch that adds a small superlinear term shows at the larger scale
+# a branch that adds a small superlinear term shows at the larger scale; a mode that rounds is compared
+# at 1e2, where bfloat16's drift stays at a few per cent (2.5 % for an EfficientNet, 2.1 % for a MaxViT)
+# while a term 0.01 f(x)^2 already doubles the output
+MODE_SCALES, ROUNDING_SCALES = (1.0, 1e3), (1.0, 1e2)
 
 
 def _compare_in_modes(module: fx.GraphModule, model: torch.nn.Module, inputs: tuple, training: bool) -> list[str]:
@@ -243,7 +246,7 @@ def _compare_in_modes(module: fx.GraphModule, model: torch.nn.Module, inputs: tu
         with mode():
             if not _eager_runs(model, inputs):
                 continue  # the model does not run in this mode (an op without a bfloat16 kernel): nothing to stand for
-        for scale in MODE_SCALES[:1] if rounds else MODE_SCALES:  # rounding drifts by tens of per cent at 1e3
+        for scale in ROUNDING_SCALES if rounds else MODE_SCALES:
             where = what + (f", inputs scaled by {scale:g}" if scale != 1.0 else "")
             try:
                 # the graph as analysed (in the analysed mode: an export's graph checks its dtypes and
@@ -329,9 +332,9 @@ def _require_same(graph_out: Any, eager_out: Any, where: str, *, scaled: bool = 
         raise GraphMismatch(f"the traced graph's output differs from the eager model's {where}")
 
 
-# bfloat16 keeps 8 bits: a deep network's output drifts by a per cent or two of its norm at the example
-# (an EfficientNet, a MaxViT; 28-35 % at inputs 1e3 x the example's, so a mode that rounds is compared at
-# the example only), while a branch the mode switches on changes it by its own size
+# bfloat16 keeps 8 bits: a deep network's output drifts by a few per cent of its norm at inputs up to 1e2 x
+# the example's (28-35 % at 1e3 for an EfficientNet and a MaxViT), while a branch the mode switches on
+# changes it by its own size
 ROUNDING = 0.25
 
 

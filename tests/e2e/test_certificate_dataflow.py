@@ -33,12 +33,15 @@ dataflow = load_module(ROOT / "fixtures" / "dataflow.py", "dataflow_fixtures")
 EXPECTED: dict[str, tuple[str, object]] = {  # factory: (verdict, max q)
     **{f"{s}_square": ("supercritical", 2.0) for s in dataflow.SPELLINGS},
     **{f"{s}_linear": ("certified", 1.0) for s in dataflow.SPELLINGS},
+    "slice_assign_before_blocks_square": ("supercritical", 2.0),
+    "slice_assign_before_blocks_linear": ("certified", 1.0),
     "stem_update_square": ("supercritical", 2.0),
     "stem_update_linear": ("certified", 1.0),
-    "rotary": ("certified", 1.0),
+    "rotary": ("certified", 0.0),  # the stream of one q 0 block; the certified head (a cat of its halves) is no velocity
     "head_square": ("supercritical", 2.0),
     **{f"reads_{m}": ("failed", None) for m in dataflow.MODES},
     "reads_nothing": ("certified", 1.0),
+    "sets_a_flag_once": ("certified", 1.0),
     "no_bfloat16_kernel": ("certified", 1.0),
     "integer_buffer_gate": ("certified", 1.0),
     "frozen_statistics": ("certified", 1.0),
@@ -53,6 +56,7 @@ REFUSED_BECAUSE = {  # what the one-line reason of each refused model names
     "reads_inference_mode": "in inference mode",
     "reads_grad_enabled": "with gradients on",
     "reads_autocast": "under CPU autocast",
+    "reads_autocast_faint": "under CPU autocast (bfloat16), inputs scaled by 100",
     "reads_default_dtype": "float64 as the default dtype",
     "reads_deterministic": "deterministic algorithms",
     "reads_input_dtype": "bfloat16 inputs",
@@ -64,7 +68,7 @@ REFUSED_BECAUSE = {  # what the one-line reason of each refused model names
 def report() -> dict[str, dict]:
     env = dict(os.environ, OMP_NUM_THREADS="1")
     specs = [f"{SPEC}:{name}" for name in [*EXPECTED, *NOT_YET]]
-    proc = subprocess.run([sys.executable, "-m", "qlint", *specs, "--format", "json"], cwd=ROOT,
+    proc = subprocess.run([sys.executable, "-m", "qlint", *specs, "--format", "json", "--no-cache"], cwd=ROOT,
                           capture_output=True, text=True, timeout=900, env=env)
     assert proc.returncode == 1, proc.stderr[-2000:]  # findings (the refused models are in the report as failed)
     return {m["spec"].split(":")[-1]: m for m in json.loads(proc.stdout)["models"]}
@@ -94,6 +98,11 @@ def test_the_partial_update_is_its_own_block_before_the_norm(report, spelling):
     assert blocks[-1]["form"] != "post-norm"  # the final norm is the head's, not the update's
     transitions = report[f"{spelling}_square"]["transitions"]
     assert [(t["kind"], t["q"]) for t in transitions] == [("head", 0.0)]
+
+
+def test_an_update_on_the_skip_the_blocks_read_is_a_block_of_its_own(report):
+    """The update writes the value the first block's skip carries: no block found by form holds it."""
+    assert [b["q"] for b in report["slice_assign_before_blocks_square"]["blocks"]] == [2.0, 0.0, 0.0]
 
 
 def test_an_update_in_the_stem_before_an_embedding_norm_is_a_block(report):

@@ -208,9 +208,12 @@ EXPECTED: dict[str, Expected] = {
     "zoo_timm.py:xcit": Expected("export", "certified",
                                  grid("blocks.{i}:{b}", 0.0, i=range(2), b=("attn", "local_mp", "mlp"))
                                  | {"cls_attn_blocks.0:attn": (0.0, "ok", "additive"),
+                                    "cls_attn_blocks.0:norm2": (1.0, "ok", "scaled"),
                                     "cls_attn_blocks.0:mlp": (1.0, "ok", "additive")},
                                  "XCA, local patch interaction and MLP on normed inputs q = 0; the class block adds "
-                                 "cat(gamma * mlp(cls), x[:, 1:]): the patch tokens are added to themselves, q = 1"),
+                                 "cat(gamma * mlp(cls), x[:, 1:]): the patch tokens are added to themselves, q = 1; "
+                                 "between them cat(norm2(x[:, :1]), x[:, 1:]) overwrites the class token with its "
+                                 "norm, a partial update found by dataflow: q = max(1, 0)"),
     "zoo_timm.py:eva02": Expected("export", "certified", decoder("attn", "mlp", prefix="blocks"),
                                   "Pre-LN, rotary embedding, SwiGLU: q = 0"),
     "zoo_timm.py:mixer": Expected("symbolic_trace", "certified", decoder("mlp_tokens", "mlp_channels", prefix="blocks"),
