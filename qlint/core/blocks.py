@@ -77,7 +77,7 @@ class StreamBlock:
     post_node: Optional[fx.Node] = None  # the norm (or ReLU) after the join: LN(X + f(X))
     post_region: list[fx.Node] = field(default_factory=list)  # the nodes from the join (excluded) to that norm's output
     norm_in: Optional[fx.Node] = None  # the norm on the skip at the block's input: a LN(X) + f(LN(X)) (shifted Post-LN)
-    partial: bool = False  # the skip carries part of X_k (a slice or index write, a cat of an updated slice)
+    dataflow: bool = False  # found by dataflow outside the blocks found by form (a write, a partial update)
     predecessors: list["StreamBlock"] = field(default_factory=list)
 
     @property
@@ -395,8 +395,7 @@ def _as_block(join: fx.Node, graph: GraphFacts, dataflow: bool = False) -> Optio
         return stream
 
     best = _skip(terms, graph, whole, carriers_too=not dataflow)
-    partial = best is None and dataflow
-    if partial:
+    if best is None and dataflow:
         # a part of X_k carried by identity (a slice, a gather, the data of a write): a partial update
         def part(term: Term) -> Optional[fx.Node]:
             source = identity_source(term.node, graph)
@@ -419,11 +418,11 @@ def _as_block(join: fx.Node, graph: GraphFacts, dataflow: bool = False) -> Optio
         if all(_derived(t.node, {stream}, graph, linear=False) for t in velocity):
             return None  # padding by copies or averages of X_k (Autoformer's edges): no branch computes anything
         return StreamBlock(join=join, stream=stream, skip=skip, terms=velocity,
-                           form="scaled" if repeated or dataflow else "additive", partial=partial)
+                           form="scaled" if repeated or dataflow else "additive", dataflow=dataflow)
     exact = not dataflow and facts(join).op in _EXACT and skip.coefficient == 1.0 and not repeated and all(
         facts(node).op in _EXACT or facts(node).op in ("neg", "mul", "div") for node, _ in skip.path)
     return StreamBlock(join=join, stream=stream, skip=skip, terms=velocity, form="additive" if exact else "scaled",
-                       partial=partial)
+                       dataflow=dataflow)
 
 
 def _skip(terms: list[Term], graph: GraphFacts, locate, carriers_too: bool = True) -> Optional[tuple[Term, fx.Node]]:
@@ -728,8 +727,8 @@ def _post(block: StreamBlock, graph: GraphFacts,
     through casts and its affine weight) or the ReLU that takes every use of the join, when it belongs
     to the block's own module (a model's final norm is not part of its last block) and no shifted
     block holds it. Returns the form, that node and, for a norm, the nodes up to its output."""
-    if block.partial:
-        return "", None, []  # a norm after a partial update is the next unit's: it must not hide the update
+    if block.dataflow:
+        return "", None, []  # a norm after an update found by dataflow is the next unit's: it must not hide it
     found = _norm_after(block.join, graph)
     if found is not None and found[0] not in claimed and _owns(block.join, found[0]):
         return "post-norm", found[0], found[1]

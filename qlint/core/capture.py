@@ -26,8 +26,7 @@ import torch.fx as fx
 
 from qlint.core import reuse as layer_reuse
 from qlint.core.graph import TORCH_DIR
-from qlint.core.graph_check import (GraphMismatch, attributes, compare_with_eager, eager_failure,
-                                   restore_attributes, shape_coverage)
+from qlint.core.graph_check import GraphMismatch, compare_with_eager, eager_failure, shape_coverage
 from qlint.core.ops import declared_name
 from qlint.core.trace import (TraceFailure, TracedGraph, ValueSpecialised, export_module, first_line, grad_state,
                               has_meta,
@@ -83,11 +82,32 @@ def capture(model: torch.nn.Module, inputs: Optional[tuple], registry: Any = Non
         raise TraceFailure(f"the parameter `{broken[0]}` holds inf or nan{more}, so the graph cannot be checked "
                            "against the model's outputs; analyse the model with finite weights (a fresh init, or "
                            "--device meta)")
-    held = attributes(model)
+    held = _attributes(model)
     try:
         return _first_faithful(model, inputs, registry, prefer, reuse, shapes_too)
     finally:
-        restore_attributes(model, held)
+        _restore_attributes(model, held)
+
+
+def _attributes(model: torch.nn.Module) -> dict[str, dict[str, Any]]:
+    """Each module's own attributes (its ``__dict__``, shallow): what a forward may assign."""
+    return {path: dict(vars(module)) for path, module in model.named_modules()}
+
+
+def _restore_attributes(model: torch.nn.Module, held: dict[str, dict[str, Any]]) -> None:
+    """Tracing leaves nothing in the user's module: an attribute the forward assigned while being
+    traced (symbolic_trace would leave an fx Proxy there, export a fake tensor) or checked (a counter)
+    is put back, and one it added is removed."""
+    for path, module in model.named_modules():
+        before = held.get(path)
+        if before is None:
+            continue
+        own = vars(module)
+        for key in [k for k in own if k not in before]:
+            del own[key]
+        for key, value in before.items():
+            if own.get(key) is not value:
+                own[key] = value
 
 
 def _first_faithful(model: torch.nn.Module, inputs: Optional[tuple], registry: Any, prefer: Optional[str],

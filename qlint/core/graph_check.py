@@ -93,7 +93,6 @@ def compare_with_eager(model: torch.nn.Module, module: fx.GraphModule, inputs: O
         return "not compared: meta tensors have no values"
     saved = snapshot(model)
     state = torch.random.get_rng_state()
-    held = attributes(model)
     try:
         with grad_state(model.training):
             torch.manual_seed(0)
@@ -126,7 +125,6 @@ def compare_with_eager(model: torch.nn.Module, module: fx.GraphModule, inputs: O
         modes = _compare_in_modes(module, model, inputs, model.training)
     finally:
         restore(model, saved)
-        restore_attributes(model, held)
         torch.random.set_rng_state(state)
     count = len(tensors(graph_out))
     return (f"matches the eager model on the example inputs, scaled by {', '.join(f'{s:g}' for s in SCALES)}, "
@@ -142,8 +140,8 @@ def _require_stateless(model: torch.nn.Module, inputs: tuple, first: Any, before
                        written: frozenset[int]) -> None:
     """One traced call stands for every call only if the forward keeps no state: the same output over
     successive identical calls, no plain Python value of a module that the calls after the first go on
-    changing (a step counter, a depth unlocked after N calls), and no integer or bool buffer written (a step count read
-    into Python with ``int(self.step)``; BatchNorm's own ``num_batches_tracked`` excepted)."""
+    changing (a step counter, a depth unlocked after N calls), and no integer or bool buffer written (a
+    step count read into Python with ``int(self.step)``; BatchNorm's own ``num_batches_tracked`` excepted)."""
     for call in range(2, CALLS + 1):
         if not _agree(first, _eager(model, inputs)):
             raise GraphMismatch(f"the model's output changes between identical calls (call {call} differs from the "
@@ -175,27 +173,6 @@ def python_state(model: torch.nn.Module) -> dict[str, Any]:
     return state
 
 
-def attributes(model: torch.nn.Module) -> dict[str, dict[str, Any]]:
-    """Each module's own attributes (its ``__dict__``, shallow): what a forward may assign."""
-    return {path: dict(vars(module)) for path, module in model.named_modules()}
-
-
-def restore_attributes(model: torch.nn.Module, held: dict[str, dict[str, Any]]) -> None:
-    """Tracing leaves nothing in the user's module: an attribute the forward assigned while being
-    traced (symbolic_trace would leave an fx Proxy there, export a fake tensor) or checked (a counter)
-    is put back, and one it added is removed."""
-    for path, module in model.named_modules():
-        before = held.get(path)
-        if before is None:
-            continue
-        own = vars(module)
-        for key in [k for k in own if k not in before]:
-            del own[key]
-        for key, value in before.items():
-            if own.get(key) is not value:
-                own[key] = value
-
-
 def _observed_modes(training: bool) -> list[tuple[str, Any, bool]]:
     """The global modes a forward can read (``torch.is_grad_enabled()``, ``is_inference_mode_enabled()``,
     ``is_autocast_enabled()``, ``get_default_dtype()``, ``are_deterministic_algorithms_enabled()``):
@@ -221,7 +198,8 @@ def _default_dtype(dtype: torch.dtype) -> Iterator[None]:
 
 @contextlib.contextmanager
 def _deterministic() -> Iterator[None]:
-    previous, warn_only = torch.are_deterministic_algorithms_enabled(), torch.is_deterministic_algorithms_warn_only_enabled()
+    previous = torch.are_deterministic_algorithms_enabled()
+    warn_only = torch.is_deterministic_algorithms_warn_only_enabled()
     torch.use_deterministic_algorithms(True, warn_only=True)
     try:
         yield
@@ -236,40 +214,27 @@ MODE_SCALES, ROUNDING_SCALES = (1.0, 1e3), (1.0, 1e2)
 
 
 def _compare_in_modes(module: fx.GraphModule, model: torch.nn.Module, inputs: tuple, training: bool) -> list[str]:
-    """Run the graph and the eager model side by side under every global mode the forward can observe,
-    and on the floating inputs in bfloat16 where the model accepts them: a forward that branches on a
-    mode computes something else there, and the graph (traced in the analysed mode) is refuted. The
-    graph runs in the same mode, so only what the forward reads of it can make them differ; a mode that
-    rounds (autocast, bfloat16 inputs) is compared to its rounding. Returns what was checked."""
+    """Compare the graph as analysed with the eager model run under every global mode the forward can
+    observe, and on its floating inputs in bfloat16 where the model accepts them: the two agree unless
+    the forward reads the mode (up to its rounding, for a mode that rounds). The graph stays in the
+    analysed mode: an export's graph checks its input dtypes and may not run in another grad mode.
+    A mode the model cannot run in (an op without a bfloat16 kernel) is skipped. Returns what ran."""
     checked = []
     for what, mode, rounds in _observed_modes(training):
         with mode():
             if not _eager_runs(model, inputs):
-                continue  # the model does not run in this mode (an op without a bfloat16 kernel): nothing to stand for
+                continue
         for scale in ROUNDING_SCALES if rounds else MODE_SCALES:
-            where = what + (f", inputs scaled by {scale:g}" if scale != 1.0 else "")
-            try:
-                # the graph as analysed (in the analysed mode: an export's graph checks its dtypes and
-                # may not run in another grad mode), the eager model in the mode: equal unless the
-                # forward reads the mode (up to its rounding, for a mode that rounds)
-                graph_out = _run(module, _scaled(inputs, scale))
-                with mode():
-                    eager_out = _eager(model, _scaled(inputs, scale))
-            except Exception as exc:  # noqa: BLE001  (fail closed)
-                raise GraphMismatch(f"the graph and the model could not be compared {where}: {first_line(exc)}") from exc
-            _require_same(graph_out, eager_out, where, scaled=scale != 1.0, rounding=rounds)
+            _compare_again(module, model, _scaled(inputs, scale),
+                           what + (f", inputs scaled by {scale:g}" if scale != 1.0 else ""),
+                           scaled=scale != 1.0, rounding=rounds, mode=mode)
         checked.append(what)
     reduced = tuple(x.to(torch.bfloat16) if isinstance(x, torch.Tensor) and x.is_floating_point() else x
                     for x in inputs)
     if any(x is not y for x, y in zip(reduced, inputs)) and _eager_runs(model, reduced):
-        # the graph on the same values in the traced dtype (an export's graph checks its input dtypes)
-        widened = tuple(r.to(x.dtype) if r is not x else x for r, x in zip(reduced, inputs))
-        where = "on bfloat16 inputs (which the model accepts)"
-        try:
-            graph_out, eager_out = _run(module, widened), _eager(model, reduced)
-        except Exception as exc:  # noqa: BLE001  (fail closed)
-            raise GraphMismatch(f"the graph and the model could not be compared {where}: {first_line(exc)}") from exc
-        _require_same(graph_out, eager_out, where, rounding=True)
+        widened = tuple(r.to(x.dtype) if r is not x else x for r, x in zip(reduced, inputs))  # the same values
+        _compare_again(module, model, widened, "on bfloat16 inputs (which the model accepts)", rounding=True,
+                       eager_inputs=reduced)
         checked.append("on bfloat16 inputs")
     return checked
 
@@ -301,9 +266,14 @@ def _eager_runs(model: torch.nn.Module, inputs: tuple) -> bool:
 
 
 def _compare_again(module: fx.GraphModule, model: torch.nn.Module, inputs: tuple, where: str, *,
-                   scaled: bool = False, rounding: bool = False) -> None:
+                   scaled: bool = False, rounding: bool = False, mode: Any = contextlib.nullcontext,
+                   eager_inputs: Optional[tuple] = None) -> None:
+    """The graph on ``inputs`` against the eager model on ``eager_inputs`` (the same by default), run
+    under ``mode``; any difference, or either failing, is a GraphMismatch naming ``where``."""
     try:
-        graph_out, eager_out = _run(module, inputs), _eager(model, inputs)
+        graph_out = _run(module, inputs)
+        with mode():
+            eager_out = _eager(model, inputs if eager_inputs is None else eager_inputs)
     except Exception as exc:  # e.g. an assert in the model on other values: fail closed
         raise GraphMismatch(f"the graph and the model could not be compared {where}: {first_line(exc)}") from exc
     _require_same(graph_out, eager_out, where, scaled=scaled, rounding=rounding)
@@ -340,15 +310,14 @@ ROUNDING = 0.25
 
 def _close_to_rounding(a: torch.Tensor, b: torch.Tensor) -> bool:
     """Equal up to a reduced precision's rounding, measured on the whole tensor's norm (an entry near 0
-    carries the rounding of its larger neighbours)."""
+    carries the rounding of its larger neighbours); inf and NaN where the other has them too."""
     if not (a.is_floating_point() or a.is_complex()) or not (b.is_floating_point() or b.is_complex()):
         return _close(a, b)
     x, y = a.detach().double(), b.detach().double()
-    if not bool((torch.isfinite(x) == torch.isfinite(y)).all()):
-        return False
     finite = torch.isfinite(y)
-    return bool(torch.equal(x[~finite], y[~finite]) or torch.isnan(y[~finite]).all()) and \
-        float((x[finite] - y[finite]).norm()) <= ROUNDING * float(y[finite].norm()) + 1e-3
+    if not torch.equal(torch.isfinite(x), finite):
+        return False
+    return float((x[finite] - y[finite]).norm()) <= ROUNDING * float(y[finite].norm()) + 1e-3
 
 
 def shares_parameters(module: fx.GraphModule, model: torch.nn.Module) -> bool:
@@ -389,5 +358,5 @@ def _close(a: torch.Tensor, b: torch.Tensor) -> bool:
     return bool(torch.equal(a, b))
 
 
-__all__ = ["GraphMismatch", "attributes", "compare_with_eager", "computes", "eager_failure", "python_state",
-           "restore_attributes", "shape_coverage", "shares_parameters"]
+__all__ = ["GraphMismatch", "compare_with_eager", "computes", "eager_failure", "python_state", "shape_coverage",
+           "shares_parameters"]
