@@ -341,15 +341,14 @@ def find_stream(graph: GraphFacts, root_name: str = "model") -> Stream:
     _shift_input_norms(candidates, graph)
     for block in candidates:
         block.region = graph.region([block.stream], block.join)
-    inside = {n for b in candidates for n in b.region}
-    found = {(b.stream, b.join) for b in candidates}
+    by_form = list(candidates)
+    inside = {n for b in by_form for n in b.region}
     for block in (_as_block(j, graph, dataflow=True) for j in graph.nodes if j in graph.data and j not in inside):
         if block is None:
             continue
         block.region = graph.region([block.stream], block.join)
-        region = set(block.region)
-        if not any(stream is block.stream and join in region for stream, join in found):
-            candidates.append(block)  # else it re-wraps a block found by form, whose own update it is
+        if not _rewraps(block, by_form, graph):
+            candidates.append(block)
     by_join = {b.join: b for b in candidates}
     nested, top = [], []
     for block in candidates:
@@ -371,6 +370,17 @@ def find_stream(graph: GraphFacts, root_name: str = "model") -> Stream:
     for transition in transitions:
         transition.name = _transition_name(transition)
     return Stream(blocks=blocks, transitions=transitions, nested=nested)
+
+
+def _rewraps(block: StreamBlock, by_form: list[StreamBlock], graph: GraphFacts) -> bool:
+    """An update found by dataflow that only re-wraps a block found by form: the same X_k, that block's
+    join inside it, and every other term computed from that block's own values by moves and linear maps
+    (ReXNet's cat([y[:, :k] + s, y[:, k:]]) around its y[:, :k] + s). The block found by form is the
+    update, with its exact velocity; a term computed any other way (a g(s)^2 beside it) keeps the wider one."""
+    region = set(block.region)
+    return any(form.stream is block.stream and form.join in region
+               and all(_derived(t.node, set(form.region), graph, linear=True) for t in block.terms)
+               for form in by_form)
 
 
 def _as_block(join: fx.Node, graph: GraphFacts, dataflow: bool = False) -> Optional[StreamBlock]:

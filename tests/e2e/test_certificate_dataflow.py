@@ -37,6 +37,8 @@ EXPECTED: dict[str, tuple[str, object]] = {  # factory: (verdict, max q)
     "slice_assign_before_blocks_linear": ("certified", 1.0),
     "normed_head_square": ("supercritical", 2.0),
     "normed_head_linear": ("certified", 1.0),
+    "expanding_shortcut_square": ("supercritical", 2.0),
+    "expanding_shortcut": ("certified", 1.0),
     "stem_update_square": ("supercritical", 2.0),
     "stem_update_linear": ("certified", 1.0),
     "rotary": ("certified", 0.0),  # the stream of one q 0 block; the certified head (a cat of its halves) is no velocity
@@ -105,6 +107,13 @@ def test_the_partial_update_is_its_own_block_before_the_norm(report, spelling):
 def test_an_update_on_the_skip_the_blocks_read_is_a_block_of_its_own(report):
     """The update writes the value the first block's skip carries: no block found by form holds it."""
     assert [b["q"] for b in report["slice_assign_before_blocks_square"]["blocks"]] == [2.0, 0.0, 0.0]
+
+
+def test_a_block_found_by_form_does_not_shadow_an_update_beside_it(report):
+    """ReXNet's cat([y[..., :D] + s, y[..., D:]]) is its shortcut's block (exact velocity, additive);
+    a (V s)^2 added to the other half makes the whole cat the update, before the norm can hide it."""
+    assert [(b["form"], b["q"]) for b in report["expanding_shortcut"]["blocks"]] == [("additive", 1.0)]
+    assert [(b["form"], b["q"]) for b in report["expanding_shortcut_square"]["blocks"]] == [("scaled", 2.0)]
 
 
 def test_an_update_in_the_stem_before_an_embedding_norm_is_a_block(report):
