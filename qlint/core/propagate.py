@@ -64,7 +64,7 @@ class GrowthProp(fx.Interpreter):
         self.hazards: dict[fx.Node, str] = {}  # parameter-only values that may be inf or NaN for some parameter values
         self._shape_only: dict[fx.Node, bool] = {}
         self._supports: Optional[dict] = None
-        self._fixed_nodes: Optional[frozenset[fx.Node]] = None
+        self._fixed_nodes: dict[bool, frozenset[fx.Node]] = {}
         self._exact_values: dict[fx.Node, Optional[Growth]] = {}
 
     def is_trainable(self, target: str, value: torch.Tensor) -> bool:
@@ -146,7 +146,8 @@ class GrowthProp(fx.Interpreter):
             return value  # an unknown value stays unknown (a division by a fixed 0): support bounds only what is known
         if self._supports is None:
             self._supports = support.find(
-                self.graph_facts, lambda node: self.graph_facts.constant(node) if node in self._fixed() else None)
+                self.graph_facts, lambda node: self.graph_facts.constant(node) if node in self._fixed() else None,
+                lambda node: self.graph_facts.constant(node) if node in self._fixed(thresholds=True) else None)
         found = self._supports.get(n)
         if found is None or not found.bounded:
             return value
@@ -258,19 +259,24 @@ class GrowthProp(fx.Interpreter):
             self._exact_values[n] = _by_value(self.graph_facts.constant(n))
         return self._exact_values[n]
 
-    def _fixed(self) -> frozenset[fx.Node]:
+    def _fixed(self, thresholds: bool = False) -> frozenset[fx.Node]:
         """Nodes computed from shapes and literals alone: no input value, no parameter or buffer, no
         random draw or uninitialised memory (:func:`~qlint.core.graph.indeterminate`). Each has
         one value whatever the input's values and the parameters, so it is bounded by its entries,
         as a lifted tensor constant is (T5's relative-position buckets take the log of 0 and select
         past it with ``where``: the buckets themselves are finite). A size a dynamic export keeps
         symbolic is the example's: the value is the one at the example's shape, as every constant
-        of the input's shape is (a hazard at some other shape only is none in the input's magnitude)."""
-        if self._fixed_nodes is None:
+        of the input's shape is (a hazard at some other shape only is none in the input's magnitude).
+
+        ``thresholds``: also values of floating buffers the forward never writes, read at today's
+        values, for the compact-support proof's interval ends only: an interval between two finite
+        ends is bounded whatever the ends are (a spline grid a training loop moved is still a grid)."""
+        if thresholds not in self._fixed_nodes:
             fixed: set[fx.Node] = set()
             for node in self.graph_facts.nodes:
                 if node.op == "get_attr":
-                    ok = not self._arbitrary(str(node.target))
+                    target = str(node.target)
+                    ok = not self._arbitrary(target) or (thresholds and self._frozen_float(target))
                 elif node.op == "call_function" and "qlint" in node.meta and facts(node).meta_output:
                     # a size of the input (a dynamic export's sym_size): one number per shape, the example's here
                     ok = (self.graph_facts.example is not None
@@ -284,14 +290,18 @@ class GrowthProp(fx.Interpreter):
                     ok = False
                 if ok:
                     fixed.add(node)
-            self._fixed_nodes = frozenset(fixed)
-        return self._fixed_nodes
+            self._fixed_nodes[thresholds] = frozenset(fixed)
+        return self._fixed_nodes[thresholds]
 
     def _arbitrary(self, target: str) -> bool:
-        """An attribute training may move (a parameter, a trainable alias, a buffer the forward
-        writes or one not known to be left alone), or one not read. A buffer the forward never
-        writes (frozen BatchNorm statistics, a grid, a temperature: the graph check ran the
-        forward and compared) is a constant, read by value."""
+        """An attribute training may move (a parameter, a trainable alias, a floating-point buffer, a
+        buffer the forward writes or one not known to be left alone), or one not read.
+
+        A floating-point buffer may be moved by a training loop the forward never sees (a mixing weight
+        ramped 0 -> 1, an exponent annealed 1 -> 2), so it is a parameter: an expression in it alone is
+        a constant of exponent 0 whose possible inf or NaN is a QL108 hazard, never a value read off
+        today's buffer. An integer or bool buffer the forward never writes (a causal mask, an index
+        table, a bucket map: the graph check ran the forward and compared) is a constant, read by value."""
         try:
             value = self.fetch_attr(target)
         except (AttributeError, RuntimeError):
@@ -300,7 +310,19 @@ class GrowthProp(fx.Interpreter):
             return True
         if isinstance(value, torch.nn.Parameter) or self.is_trainable(target, value) or value.is_meta:
             return True
-        return is_buffer(self.module, target) and not lifted_constant(target) and not self._frozen(value)
+        if not is_buffer(self.module, target) or lifted_constant(target):
+            return False
+        return value.is_floating_point() or value.is_complex() or not self._frozen(value)
+
+    def _frozen_float(self, target: str) -> bool:
+        """A floating-point buffer the forward never writes (arbitrary only as training may move it)."""
+        try:
+            value = self.fetch_attr(target)
+        except (AttributeError, RuntimeError):
+            return False
+        return (isinstance(value, torch.Tensor) and value.is_floating_point() and not value.is_meta
+                and not isinstance(value, torch.nn.Parameter) and not self.is_trainable(target, value)
+                and is_buffer(self.module, target) and not lifted_constant(target) and self._frozen(value))
 
     def _frozen(self, value: torch.Tensor) -> bool:
         written = self.module.meta.get("qlint_written_buffers")

@@ -14,7 +14,9 @@ permutes across the axes it has), and the interval outside of which the value is
 comparisons of the base with constants (``x >= grid``), logical and / products (intersection),
 sums and differences (union), ``relu(x - a)`` / ``relu(a - x)``, casts, constant scalings and
 slices along the broadcast axes. The constants are read by value, so they must be fixed: numbers,
-lifted constants, buffers the forward never writes (the graph check's record), never parameters.
+lifted constants, integer buffers the forward never writes (the graph check's record), never parameters.
+An interval's ends may also be floating buffers the forward never writes (a spline grid), read at today's
+values: an interval between finite ends is bounded whatever the ends are, which is all the proof uses.
 :mod:`qlint.core.propagate` uses the result: a node with a bounded support whose operands all
 have a known exponent is bounded.
 """
@@ -56,20 +58,22 @@ _ELEMENTWISE = frozenset({"add", "sub", "rsub", "mul", "div", "neg", "relu", "ab
 _SLICES = frozenset({"slice", "getitem", "narrow"})
 
 
-def find(graph: GraphFacts, fixed: Callable[[fx.Node], Optional[torch.Tensor]]) -> dict[fx.Node, Support]:
+def find(graph: GraphFacts, fixed: Callable[[fx.Node], Optional[torch.Tensor]],
+         ends: Optional[Callable[[fx.Node], Optional[torch.Tensor]]] = None) -> dict[fx.Node, Support]:
     """The support of every data node that has one; ``fixed(node)`` is the value of a constant
-    operand (None when it is not fixed: a parameter, or not readable)."""
+    operand (None when it is not fixed: a parameter, or not readable); ``ends(node)`` the value of an
+    interval's end (``fixed`` by default)."""
     out: dict[fx.Node, Support] = {}
     for node in graph.nodes:
         if node not in graph.data:
             continue
-        support = _support(node, graph, out, fixed)
+        support = _support(node, graph, out, fixed, ends or fixed)
         if support is not None:
             out[node] = support
     return out
 
 
-def _support(node: fx.Node, graph: GraphFacts, known: dict, fixed: Callable) -> Optional[Support]:
+def _support(node: fx.Node, graph: GraphFacts, known: dict, fixed: Callable, ends: Callable) -> Optional[Support]:
     name = op_name(node)
     bound = facts(node).bound
     if bound is None:
@@ -90,9 +94,9 @@ def _support(node: fx.Node, graph: GraphFacts, known: dict, fixed: Callable) -> 
     constants = [v for k, v in bound.arguments.items() if k not in ("dtype", "memory_format", "copy", "non_blocking")
                  and not (isinstance(v, fx.Node) and v in graph.data)]
     if name in ("ge", "gt", "le", "lt"):
-        return _threshold(name, bound, base, operands, fixed, graph)
+        return _threshold(name, bound, base, operands, ends, graph)
     if name == "relu":
-        return _relu(node, bound, base, fixed, graph)
+        return _relu(node, bound, base, ends, graph)
     if name in ("logical_and", "bitwise_and", "and_", "__and__", "mul"):  # 0 where any factor is 0 (a weight too)
         return Support(base, max(s.lo for s in operands), min(s.hi for s in operands))
     if name in ("add", "sub", "rsub"):
@@ -100,7 +104,11 @@ def _support(node: fx.Node, graph: GraphFacts, known: dict, fixed: Callable) -> 
             return Support(base) if not operands[0].bounded else None
         return Support(base, min(s.lo for s in operands), max(s.hi for s in operands))
     if name in ("div", "neg", "to", "float", "double", "type_as", "_to_copy", "abs", "square", "pow"):
-        values = [_fixed_value(v, fixed) for v in constants if not isinstance(v, torch.dtype)]
+        # a divisor only scales (0 where the numerator is 0), so like an interval's end it may be a frozen
+        # floating buffer read at today's values (a division by knot differences: its 0 is a QL108 hazard);
+        # an exponent decides the growth, so it must be fixed
+        reader = ends if name == "div" else fixed
+        values = [_fixed_value(v, reader) for v in constants if not isinstance(v, torch.dtype)]
         if len(operands) != 1 or any(v is None for v in values):
             return None
         if name in ("pow", "div") and bound.arguments.get("input") is not data[0]:

@@ -7,8 +7,8 @@
    (rotate_half, a cat of its own halves) and a broadcast bias are not updates;
 2. the graph is checked against eager under every global mode the forward can read and over
    successive calls; a model that cannot run in a mode is not refused for it;
-3. integer buffers and frozen statistics are constants (floating buffers as parameters: strict xfail,
-   not landed);
+3. floating-point buffers are parameters (a training loop moves them); integer buffers are constants,
+   and frozen statistics and spline grids stay certified;
 4. max_q covers transitions.
 
 Each mechanism also has a direct test with the input that would break it.
@@ -47,14 +47,10 @@ EXPECTED: dict[str, tuple[str, object]] = {  # factory: (verdict, max q)
     "reads_nothing": ("certified", 1.0),
     "sets_a_flag_once": ("certified", 1.0),
     "no_bfloat16_kernel": ("certified", 1.0),
-    "integer_buffer_gate": ("certified", 1.0),
-    "frozen_statistics": ("certified", 1.0),
-}
-# Floating buffers as parameters (issue 38 step 4) did not land: reading every float buffer as
-# arbitrary loses the compact-support proofs of KAN's spline grids. Strict: passes once it lands.
-NOT_YET = {
     "float_buffer_gate": ("supercritical", 2.0),
+    "integer_buffer_gate": ("certified", 1.0),
     "annealed_exponent": ("uncertified", None),
+    "frozen_statistics": ("certified", 1.0),
 }
 REFUSED_BECAUSE = {  # what the one-line reason of each refused model names
     "reads_inference_mode": "in inference mode",
@@ -71,7 +67,7 @@ REFUSED_BECAUSE = {  # what the one-line reason of each refused model names
 @pytest.fixture(scope="module")
 def report() -> dict[str, dict]:
     env = dict(os.environ, OMP_NUM_THREADS="1")
-    specs = [f"{SPEC}:{name}" for name in [*EXPECTED, *NOT_YET]]
+    specs = [f"{SPEC}:{name}" for name in EXPECTED]
     proc = subprocess.run([sys.executable, "-m", "qlint", *specs, "--format", "json", "--no-cache"], cwd=ROOT,
                           capture_output=True, text=True, timeout=900, env=env)
     assert proc.returncode == 1, proc.stderr[-2000:]  # findings (the refused models are in the report as failed)
@@ -82,12 +78,6 @@ def report() -> dict[str, dict]:
 def test_verdict_and_max_q(report, name):
     verdict, max_q = EXPECTED[name]
     assert (report[name]["verdict"], report[name]["max_q"]) == (verdict, max_q)
-
-
-@pytest.mark.xfail(strict=True, reason="a float buffer the forward never writes is still read by value")
-@pytest.mark.parametrize("name", list(NOT_YET))
-def test_a_float_buffer_is_a_parameter(report, name):
-    assert (report[name]["verdict"], report[name]["max_q"]) == NOT_YET[name]
 
 
 @pytest.mark.parametrize("name", list(REFUSED_BECAUSE))
