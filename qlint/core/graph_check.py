@@ -211,10 +211,9 @@ def _deterministic() -> Iterator[None]:
         torch.use_deterministic_algorithms(previous, warn_only=warn_only)
 
 
-# a branch that adds a small superlinear term shows at the larger scale; a mode that rounds is compared
-# at 1e2, where bfloat16's drift stays at a few per cent (2.5 % for an EfficientNet, 2.1 % for a MaxViT)
-# while a term 0.01 f(x)^2 already doubles the output
-MODE_SCALES, ROUNDING_SCALES = (1.0, 1e3), (1.0, 1e2)
+# a branch that adds a small superlinear term shows at the larger scale; a mode that rounds is compared at
+# the example only: bfloat16's drift grows with the inputs' scale (a VOLO: 9 % at the example, 39 % at 10x)
+MODE_SCALES, ROUNDING_SCALES = (1.0, 1e3), (1.0,)
 
 
 def _compare_in_modes(module: fx.GraphModule, model: torch.nn.Module, inputs: tuple, training: bool) -> list[str]:
@@ -312,9 +311,9 @@ def _require_same(graph_out: Any, eager_out: Any, where: str, *, scaled: bool = 
         raise GraphMismatch(f"the traced graph's output differs from the eager model's {where}")
 
 
-# bfloat16 keeps 8 bits: a deep network's output drifts by a few per cent of its norm at inputs up to 1e2 x
-# the example's (28-35 % at 1e3 for an EfficientNet and a MaxViT), while a branch the mode switches on
-# changes it by its own size
+# bfloat16 keeps 8 bits: at the example a deep network's output drifts by up to about a tenth of its norm
+# (0.9 % for a MaxViT, 1.4 % for an EfficientNet, 9 % for a VOLO), while a branch the mode switches on
+# changes it by its own size; a branch whose effect at the example is smaller is not seen
 ROUNDING = 0.25
 
 

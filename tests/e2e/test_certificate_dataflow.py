@@ -56,7 +56,6 @@ REFUSED_BECAUSE = {  # what the one-line reason of each refused model names
     "reads_inference_mode": "in inference mode",
     "reads_grad_enabled": "with gradients on",
     "reads_autocast": "under CPU autocast",
-    "reads_autocast_faint": "under CPU autocast (bfloat16), inputs scaled by 100",
     "reads_default_dtype": "float64 as the default dtype",
     "reads_deterministic": "deterministic algorithms",
     "reads_input_dtype": "bfloat16 inputs",

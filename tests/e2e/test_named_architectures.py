@@ -80,14 +80,23 @@ EXPECTED = {
     "detr": Expected("hf", HF, "certified", 1.0, 12, {
         **same(1.0, "backbone.model.encoder.stages.0.layers.0", form="post-activation"),
         **same(1.0, *DETR_POST_LN, form="post-norm")},
-        sorted(each("QL104", DETR_POST_LN) + [("QL105", "backbone.model.encoder.stages.0.layers.0")])),
+        sorted(each("QL104", DETR_POST_LN) + [("QL105", "backbone.model.encoder.stages.0.layers.0")]
+               # the frozen BatchNorm's statistics are float buffers, so parameters: rsqrt(var + eps) a QL108 hazard
+               + [("QL108", "backbone.model.encoder.stages.0.layers.0")] * 2
+               + [("QL108", "backbone.model.encoder.stages.0.layers.0 -> encoder.layers.0:self_attn "
+                            "(backbone.model.encoder.stages.0.layers.0.activation)")] * 9
+               + [("QL108", "input -> backbone.model.encoder.stages.0.layers.0 "
+                            "(backbone.model.embedder.embedder.convolution)")])),
     # Gemma 3n: AltUp predict / correct and the per-layer gate are q 1, the shared K/V a bounded read of an
     # older stream value: certified, max q 1. (The RoPE k cos + rot(k) sin of layer 0's shared keys,
     # modeling_gemma3n.py:1215, is read as a scaled update of its own, q 1.)
-    "gemma3n": Expected("hf", HF, "certified", 1.0, 7, {
+    # The per-layer projection adds into the AltUp predictions other than the first in place
+    # (corrected[1:] += first): a partial update found by dataflow, scaled, q 1.
+    "gemma3n": Expected("hf", HF, "certified", 1.0, 10, {
         **same(1.0, "model.layers.0:altup", "model.layers.0:altup+mlp+self_attn+laurel", "model.layers.1:altup",
                "model.layers.1:altup+mlp+self_attn+laurel"),
-        **same(1.0, "model.layers.0.self_attn", form="scaled")}),
+        **same(1.0, "model.layers.0.self_attn", "model.layers.0:per_layer_projection",
+               "model.layers.1:per_layer_projection", form="scaled")}),
     # DPT: Pre-LN ViT encoder q 0; fusion h + R1(r_k), R1 a q-1 residual unit of an earlier (linear) readout,
     # then R2(h) q 1: certified, max q 1.
     "dpt": Expected("hf", HF, "certified", 1.0, 9, {
@@ -97,7 +106,10 @@ EXPECTED = {
                  for part in ("", ".residual_layer2")))}),
     # efficient-KAN, x + KAN(x): W_b silu(x) q 1 plus W_s B(x) with B in [0, 1] (the grid a buffer the forward
     # never writes, knots distinct): every block q 1.
-    "kan": Expected("hf", HF, "certified", 1.0, 2, same(1.0, "ResidualKAN#1", "ResidualKAN#2")),
+    # The grid is a float buffer, so a parameter: the division by knot differences is a QL108 hazard (0 where two
+    # knots meet), six per layer; the knots still bound the support proof's intervals.
+    "kan": Expected("hf", HF, "certified", 1.0, 2, same(1.0, "ResidualKAN#1", "ResidualKAN#2"),
+                    sorted([("QL108", "ResidualKAN#1")] * 6 + [("QL108", "ResidualKAN#2")] * 6)),
     # the same with the uniform denominators k * h: the indicator confines x - t_i to one knot interval, q 1, not 3.
     "kan_uniform": Expected("hf", HF, "certified", 1.0, 2, same(1.0, "ResidualKAN#1", "ResidualKAN#2")),
     # the control that must stay refused: Mamba's selective SSM on the raw stream, dt * B * x, C, gate: q = 5.
@@ -123,10 +135,12 @@ EXPECTED = {
     "focalnet": Expected("vision", TIMM, "certified", 0.0, 5,
                          same(0.0, *(f"layers.{s}.blocks.{b}:{part}" for s, b in DEPTHS_1121
                                      for part in ("modulation", "mlp")))),
-    # VOLO: outlooker and Pre-LN blocks q 0; class attention cat([cls, x[:, 1:]]) carries the patches: q 0.
-    "volo": Expected("vision", TIMM, "certified", 0.0, 6, {
+    # VOLO: outlooker and Pre-LN blocks q 0; class attention updates the class token, cls = x[:, :1] +
+    # attn(norm(x)) and then + mlp(norm(cls)), cat([cls, x[:, 1:]]) carrying the patches: partial updates
+    # found by dataflow, in the scaled form, q = max(1, 0) = 1.
+    "volo": Expected("vision", TIMM, "certified", 1.0, 6, {
         **same(0.0, *(f"network.{s}.0:{part}" for s in (0, 2, 3, 4) for part in ("attn", "mlp"))),
-        **same(0.0, "post_network.0", "post_network.1")}),
+        **same(1.0, *(f"post_network.{i}:{part}" for i in (0, 1) for part in ("attn", "mlp")), form="scaled")}),
     # torchvision ConvNeXt: x + ls * stochastic_depth(mlp(ln(dwconv x))), identity in eval: q 0.
     "tv_convnext": Expected("vision", TV, "certified", 0.0, 3,
                             same(0.0, "features.1.0", "features.1.1", "features.3.0", "features.3.1")),
