@@ -176,14 +176,13 @@ def python_state(model: torch.nn.Module) -> dict[str, Any]:
 
 def _observed_modes(training: bool) -> list[tuple[str, Any, bool]]:
     """The global modes a forward can read (``torch.is_grad_enabled()``, ``is_inference_mode_enabled()``,
-    ``is_autocast_enabled()``, ``get_default_dtype()``, ``are_deterministic_algorithms_enabled()``)
-    where the analysed mode runs: (what, context factory, whether it rounds, so outputs agree only to
-    its rounding). Training runs with gradients, in any precision and dtype; a model in train mode run
-    without gradients is not training (a calibration pass), so grad off and inference mode are the
-    evaluation's, with gradients on (fine-tuning a frozen model, an attack) beside them."""
-    grad = [] if training else [("with gradients on", lambda: grad_state(True), False),
-                                ("in inference mode", torch.inference_mode, False)]
-    return grad + [
+    ``is_autocast_enabled()``, ``get_default_dtype()``, ``are_deterministic_algorithms_enabled()``):
+    (what, context factory, whether it rounds, so outputs agree only to its rounding). The other grad
+    mode too: a train-mode model run without gradients (a calibration pass) that computes something
+    else is refused, since the graph of the other mode is not analysed."""
+    return [
+        ("with gradients off" if training else "with gradients on", lambda: grad_state(not training), False),
+        ("in inference mode", torch.inference_mode, False),
         ("under CPU autocast (bfloat16)", lambda: torch.autocast("cpu", dtype=torch.bfloat16), True),
         ("with float64 as the default dtype", _float64_default, False),
         ("with deterministic algorithms", _deterministic, False),

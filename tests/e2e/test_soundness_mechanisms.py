@@ -52,7 +52,7 @@ EXPECTED = {  # factory: (verdict, max q) -- the unsafe ones must not be certifi
     "revin_typo": ("supercritical", 2.0),
     "revin": ("certified", 1.0),
     # 6. the grad mode of the analysed mode
-    "requires_grad_branch": ("supercritical", 2.0),
+    "requires_grad_branch": ("failed", None),  # without gradients it computes W(x), not the graph's W(x)^2: refused
     "requires_grad_branch_eval": ("failed", None),  # with gradients on it computes W(x)^2: refused
     # 7. shapes and bits
     "long_sequence_fast_path": ("supercritical", 2.0),
