@@ -27,7 +27,7 @@ from __future__ import annotations
 
 from collections import Counter
 from dataclasses import dataclass, field
-from typing import Literal, Optional
+from typing import Callable, Literal, Optional
 
 import networkx as nx
 import torch.fx as fx
@@ -435,7 +435,8 @@ def _as_block(join: fx.Node, graph: GraphFacts, dataflow: bool = False) -> Optio
                        dataflow=dataflow)
 
 
-def _skip(terms: list[Term], graph: GraphFacts, locate, carriers_too: bool = True) -> Optional[tuple[Term, fx.Node]]:
+def _skip(terms: list[Term], graph: GraphFacts, locate: Callable[[Term], Optional[fx.Node]],
+          carriers_too: bool = True) -> Optional[tuple[Term, fx.Node]]:
     """The term that carries X_k (``locate`` finds the value a term carries), chosen so that the
     most other terms depend on it, the latest such X_k first; None when no term qualifies.
     ``carriers_too``: a term that only carries part of X_k by identity counts as depending on it."""
