@@ -54,7 +54,7 @@ EXPECTED: dict[str, tuple[str, object]] = {  # factory: (verdict, max q)
 }
 REFUSED_BECAUSE = {  # what the one-line reason of each refused model names
     "reads_inference_mode": "in inference mode",
-    "reads_grad_enabled": "with gradients on",
+    "reads_grad_disabled": "with gradients off",
     "reads_autocast": "under CPU autocast",
     "reads_default_dtype": "float64 as the default dtype",
     "reads_deterministic": "deterministic algorithms",
@@ -123,7 +123,7 @@ def test_a_supercritical_head_sets_max_q(report):
 
 def test_the_check_names_the_modes_it_ran(report):
     check = report["reads_nothing"]["graph_check"]
-    for mode in ("with gradients on", "in inference mode", "float64 as the default dtype",
+    for mode in ("in inference mode", "float64 as the default dtype",
                  "deterministic algorithms", "on bfloat16 inputs", "3 successive calls"):
         assert mode in check
     # autocast is compared only to bfloat16's rounding, so only where the forward asks about it
