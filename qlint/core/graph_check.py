@@ -180,8 +180,8 @@ def _observed_modes(training: bool) -> list[tuple[str, Any, bool]]:
     (what, context factory, whether it rounds, so outputs agree only to its rounding). A model analysed
     in train mode is also run without gradients (a calibration pass that computes something else is
     refused: the other mode's graph is not analysed); one analysed in eval mode is inference, run
-    without gradients, and is not run with them: nn.MultiheadAttention's fast path is taken only
-    without gradients, and the two kernels differ at inputs 1e3 x a trained model's."""
+    without gradients, and is not run with them: that check refused a sound PatchTST mid-training
+    (nn.MultiheadAttention takes another kernel with gradients, which is the likely reason)."""
     return [
         *([("with gradients off", lambda: grad_state(False), False)] if training else []),
         ("in inference mode", torch.inference_mode, False),
