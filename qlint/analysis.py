@@ -66,6 +66,8 @@ def run(model: torch.nn.Module, inputs: Optional[tuple], *, spec: str, options: 
         analysis = analyse_graph(model, inputs, traced, registry, spec=spec, threshold=options.threshold)
         if traced.shapes is not None:
             analysis = _over_shapes(model, analysis, registry, spec, options)
+        if traced.in_modes:
+            analysis = _over_modes(model, analysis, registry, spec, options)
         analysis.options = options
         analysis.report.findings = run_checks(analysis)
         analysis.report.anchors = class_paths(model, analysis.report)
@@ -135,6 +137,31 @@ def _over_shapes(model: torch.nn.Module, analysis: Analysis, registry: Any, spec
                      "become equal (the export specialises those, as it does inputs of size 1): the certificate holds "
                      "for the sizes analysed")
     worst.report.extra["shapes"] = "; ".join(notes)
+    return worst
+
+
+def _over_modes(model: torch.nn.Module, analysis: Analysis, registry: Any, spec: str, options: Options) -> Analysis:
+    """The analysis of the worst graph among the one analysed and those the model gives in the global
+    modes its forward asks about (:func:`qlint.core.capture._in_asked_modes`): a certificate holds in
+    every mode the model can be run in, and a mode it cannot be traced in is a gap named by its line."""
+    worst, notes = analysis, []
+    for other in analysis.traced.in_modes:
+        if other.traced is None:
+            _gap(worst, f"the forward asks about the mode at {other.line}, and the model could not be traced "
+                        f"{other.what} ({other.failure})")
+            continue
+        alternative = analyse_graph(model, analysis.inputs, other.traced, registry, spec=spec,
+                                    threshold=options.threshold)
+        notes.append(f"the forward reads the mode at {other.line}: traced and analysed {other.what} too "
+                     f"({alternative.report.verdict})")
+        if _severity(alternative) > _severity(worst):
+            alternative.gaps += [g for g in worst.gaps if g.part is None]
+            alternative.report.uncovered += [g.reason for g in worst.gaps if g.part is None]
+            alternative.report.extra.update({k: v for k, v in worst.report.extra.items()
+                                             if k not in alternative.report.extra})
+            worst = alternative
+    if notes:
+        worst.report.extra["modes"] = "; ".join(notes)
     return worst
 
 

@@ -28,10 +28,11 @@ from qlint.core import reuse as layer_reuse
 from qlint.core.graph import TORCH_DIR
 from qlint.core.graph_check import GraphMismatch, compare_with_eager, eager_failure, shape_coverage
 from qlint.core.ops import declared_name
-from qlint.core.trace import (TraceFailure, TracedGraph, ValueSpecialised, export_module, first_line, grad_state,
+from qlint.core.trace import (ModeGraph, TraceFailure, TracedGraph, ValueSpecialised, export_module, first_line, grad_state,
                               has_meta,
-                              is_hugging_face, make_fx_module, non_finite_parameters, quiet, redefining_tensor,
-                              symbolic_trace_module)
+                              is_hugging_face, make_fx_module, non_finite_parameters, quiet, redefining_tensor, restore,
+                              snapshot, symbolic_trace_module)
+from qlint.core.value_reads import held_value_read
 
 TRACERS = ("symbolic_trace", "export", "make_fx")
 
@@ -84,9 +85,28 @@ def capture(model: torch.nn.Module, inputs: Optional[tuple], registry: Any = Non
                            "--device meta)")
     held = _attributes(model)
     try:
+        if inputs is not None and not has_meta(model, inputs):
+            _refuse_held_reads(model, inputs)
         return _first_faithful(model, inputs, registry, prefer, reuse, shapes_too)
     finally:
         _restore_attributes(model, held)
+
+
+def _refuse_held_reads(model: torch.nn.Module, inputs: tuple) -> None:
+    """Refuse a forward that reads a held float tensor's value in Python (:mod:`qlint.core.value_reads`):
+    every tracer would keep the path today's value took."""
+    saved, state = snapshot(model), torch.random.get_rng_state()
+    try:
+        with quiet(), grad_state(model.training):
+            read = held_value_read(model, inputs)
+    finally:
+        restore(model, saved)
+        torch.random.set_rng_state(state)
+    if read is not None:
+        raise TraceFailure(f"{type(model).__name__} reads the value of {read.what} in Python at {read.where}: a graph "
+                           "holds the value it had when traced and the path that value took, and training may change "
+                           "it (qlint certifies for every value a float tensor the model holds may take); compute with "
+                           "tensor ops (torch.where, a multiplication), or hold a constant as a Python number")
 
 
 def _attributes(model: torch.nn.Module) -> dict[str, dict[str, Any]]:
@@ -134,7 +154,8 @@ def _first_faithful(model: torch.nn.Module, inputs: Optional[tuple], registry: A
         return TracedGraph(module=module, tracer=name, attempts=attempts, graph_check=check,
                            replayed=list(module.meta.get("qlint_replayed", [])),
                            reuse_abandoned=module.meta.get("qlint_reuse_abandoned", ""), shapes=coverage,
-                           specialised=list(module.meta.get("qlint_specialised", [])))
+                           specialised=list(module.meta.get("qlint_specialised", [])),
+                           in_modes=_in_asked_modes(name, model, module, inputs, registry, reuse))
     refused = eager_failure(model, inputs) if inputs is not None and not has_meta(model, inputs) else None
     if refused is not None:
         raise TraceFailure(f"{type(model).__name__} does not run on its example inputs {shapes_of(inputs)}: "
@@ -147,24 +168,56 @@ def _first_faithful(model: torch.nn.Module, inputs: Optional[tuple], registry: A
     raise TraceFailure(message) from (_explained(errors)[1] if errors else None)
 
 
+def _in_asked_modes(tracer: str, model: torch.nn.Module, module: fx.GraphModule, inputs: Optional[tuple],
+                    registry: Any, reuse: bool) -> list[ModeGraph]:
+    """The model traced again, by the same tracer, in each global mode its forward asks torch about
+    (:func:`qlint.core.graph_check.asked_modes`), where that graph is another computation than the one
+    analysed: its outputs may agree on the example (a branch whose term vanishes on random inputs),
+    so the pipeline analyses it too. Not traced again, so compared by outputs only: without gradients
+    (the graph check runs in the analysed grad mode) and under autocast (export bakes the casts into
+    its graph, symbolic_trace does not: no one check fits both)."""
+    out = []
+    for what, family, mode, line in module.meta.get("qlint_asked_modes", []):
+        if family in _COMPARED_ONLY:
+            continue
+        try:
+            with quiet(), grad_state(model.training), mode():
+                other, check = _traced_and_checked(tracer, model, inputs, registry, reuse=reuse, other_modes=False)
+        except Exception as exc:  # noqa: BLE001  (reported: the mode's graph is then a gap)
+            out.append(ModeGraph(what, line, None, first_line(exc)))
+            continue
+        if _fingerprint(other) != _fingerprint(module):
+            out.append(ModeGraph(what, line, TracedGraph(module=other, tracer=tracer, graph_check=check)))
+    return out
+
+
+_COMPARED_ONLY = ("grad", "autocast")
+
+
+def _fingerprint(module: fx.GraphModule) -> list[tuple[str, str]]:
+    """The ops a graph runs, in order: two traces of one path through the forward give the same."""
+    return [(n.op, str(n.target)) for n in module.graph.nodes if n.op not in ("placeholder", "output", "get_attr")]
+
+
 def _traced_and_checked(tracer: str, model: torch.nn.Module, inputs: Optional[tuple], registry: Any, *,
-                        reuse: bool) -> tuple[fx.GraphModule, str]:
-    """Stages 2-5 for one tracer: the graph and what its check against the eager model found."""
+                        reuse: bool, other_modes: bool = True) -> tuple[fx.GraphModule, str]:
+    """Stages 2-5 for one tracer: the graph and what its check against the eager model found (under
+    every global mode too, unless ``other_modes`` is off: a graph traced in one stands for it only)."""
     if tracer == "symbolic_trace":
         module = symbolic_trace_module(model, registry, inputs)
-        return module, compare_with_eager(model, module, inputs, shape_only=True)
+        return module, compare_with_eager(model, module, inputs, shape_only=True, other_modes=other_modes)
     if tracer == "make_fx":
         module = make_fx_module(model, inputs)  # type: ignore[arg-type]
-        return module, compare_with_eager(model, module, inputs)
+        return module, compare_with_eager(model, module, inputs, other_modes=other_modes)
     module = exported(model, inputs, reuse=reuse)  # type: ignore[arg-type]
     try:
-        return module, compare_with_eager(model, module, inputs)
+        return module, compare_with_eager(model, module, inputs, other_modes=other_modes)
     except GraphMismatch:
         if not module.meta.get("qlint_replayed"):
             raise
     module = exported(model, inputs, reuse=False)  # the copied layers are not the model's: trace each
     module.meta["qlint_reuse_abandoned"] = "the graph check refuted the copied layers"
-    return module, compare_with_eager(model, module, inputs)
+    return module, compare_with_eager(model, module, inputs, other_modes=other_modes)
 
 
 def exported(model: torch.nn.Module, inputs: tuple, *, reuse: bool = True) -> fx.GraphModule:

@@ -8,13 +8,15 @@ on a parameter's value, state kept across calls) would certify what the model do
 from __future__ import annotations
 
 import contextlib
+import linecache
+import sys
 from typing import Any, Iterator, Optional
 
 import torch
 import torch.fx as fx
 
 from qlint.core import shapes
-from qlint.core.graph import indeterminate
+from qlint.core.graph import TORCH_DIR, indeterminate
 from qlint.core.trace import (argument_names, first_line, grad_state, has_meta, quiet, restore, snapshot,
                               tensor_outputs, tensors)
 
@@ -71,7 +73,7 @@ class GraphMismatch(Exception):
 
 
 def compare_with_eager(model: torch.nn.Module, module: fx.GraphModule, inputs: Optional[tuple], *,
-                       shape_only: bool = False) -> str:
+                       shape_only: bool = False, other_modes: bool = True) -> str:
     """Run the graph and the eager model and compare their outputs: on the example inputs,
     on them scaled up, and with the parameters redrawn.
 
@@ -82,7 +84,8 @@ def compare_with_eager(model: torch.nn.Module, module: fx.GraphModule, inputs: O
     calls gives a graph that matches on the example and differs here. Also records each
     node's shape and dtype on symbolic_trace graphs (ShapeProp), which the shape-dependent
     proofs use. Raises GraphMismatch when the outputs differ; the model's parameters,
-    buffers and RNG state are restored afterwards.
+    buffers and RNG state are restored afterwards. ``other_modes``: also under every global mode the
+    forward can observe (not for a graph traced in one of them, which stands for that mode only).
     """
     if inputs is None:
         return "not compared: no example inputs"
@@ -123,7 +126,7 @@ def compare_with_eager(model: torch.nn.Module, module: fx.GraphModule, inputs: O
             for redraw in _redraws(model, saved):  # each redraw overwrites every float parameter
                 _compare_again(module, model, inputs, f"with the parameters {redraw}")
                 restore(model, saved, buffers_only=True)  # what the forward may have updated (BatchNorm's statistics)
-        modes = _compare_in_modes(module, model, inputs, model.training)
+        modes = _compare_in_modes(module, model, inputs, model.training) if other_modes else []
     finally:
         restore(model, saved)
         torch.random.set_rng_state(state)
@@ -174,49 +177,66 @@ def python_state(model: torch.nn.Module) -> dict[str, Any]:
     return state
 
 
-def _observed_modes(training: bool) -> list[tuple[str, Any, bool]]:
+def _observed_modes(training: bool) -> list[tuple[str, str, Any, bool]]:
     """The global modes a forward can read (``torch.is_grad_enabled()``, ``is_inference_mode_enabled()``,
     ``is_autocast_enabled()``, ``get_default_dtype()``, ``are_deterministic_algorithms_enabled()``):
-    (what, context factory, whether it rounds, so outputs agree only to its rounding). A model analysed
-    in train mode is also run without gradients (a calibration pass that computes something else is
-    refused: the other mode's graph is not analysed); one analysed in eval mode is inference, run
-    without gradients, and is not run with them: that check refused a sound PatchTST mid-training
-    (nn.MultiheadAttention takes another kernel with gradients, which is the likely reason)."""
+    (what, which query family reads it, context factory, whether it rounds, so outputs agree only to
+    its rounding). A model analysed in train mode is also run without gradients (a calibration pass);
+    one analysed in eval mode is inference, run without gradients, and is not run with them: that
+    check refused a sound PatchTST mid-training (nn.MultiheadAttention takes another kernel with
+    gradients, which is the likely reason)."""
     return [
-        *([("with gradients off", lambda: grad_state(False), False)] if training else []),
-        ("in inference mode", torch.inference_mode, False),
-        ("under CPU autocast (bfloat16)", lambda: torch.autocast("cpu", dtype=torch.bfloat16), True),
-        ("with float64 as the default dtype", _float64_default, False),
-        ("with deterministic algorithms", _deterministic, False),
+        *([("with gradients off", "grad", lambda: grad_state(False), False)] if training else []),
+        ("in inference mode", "inference", torch.inference_mode, False),
+        ("under CPU autocast (bfloat16)", "autocast", lambda: torch.autocast("cpu", dtype=torch.bfloat16), True),
+        ("with float64 as the default dtype", "dtype", _float64_default, False),
+        ("with deterministic algorithms", "deterministic", _deterministic, False),
     ]
 
 
-_AUTOCAST_QUERIES = ("is_autocast_enabled", "is_autocast_cpu_enabled", "get_autocast_dtype", "get_autocast_cpu_dtype",
-                     "get_autocast_gpu_dtype", "is_autocast_cache_enabled")
+# the functions that read each global mode, by family (Tensor.is_inference on the tensor class)
+_QUERIES = {
+    "grad": ("is_grad_enabled",),
+    "inference": ("is_inference_mode_enabled", "Tensor.is_inference"),
+    "autocast": ("is_autocast_enabled", "is_autocast_cpu_enabled", "get_autocast_dtype", "get_autocast_cpu_dtype",
+                 "get_autocast_gpu_dtype", "is_autocast_cache_enabled"),
+    "dtype": ("get_default_dtype",),
+    "deterministic": ("are_deterministic_algorithms_enabled", "is_deterministic_algorithms_warn_only_enabled"),
+}
 
 
-def _asks_autocast(model: torch.nn.Module, inputs: tuple) -> bool:
-    """Whether one forward asks torch about autocast (``torch.is_autocast_enabled()`` and its kin, which
-    ``torch.autocast`` regions inside the model call too). Comparing under autocast can only be done to
-    bfloat16's rounding, which a deep or ill-conditioned model exceeds (a tan, an xLSTM drift past a
-    quarter of the output), so the comparison runs where the forward can branch on the mode."""
-    asked: list[str] = []
-    originals = {name: getattr(torch, name) for name in _AUTOCAST_QUERIES if hasattr(torch, name)}
+def asked_modes(model: torch.nn.Module, inputs: tuple) -> dict[str, str]:
+    """The mode families one forward asks torch about, each with the first line outside torch that asks
+    (``torch.autocast`` regions inside the model ask about autocast too). A query from inside torch is
+    torch's own business (a dtype default for a factory), not a branch of the model's."""
+    asked: dict[str, str] = {}
+    patched: list[tuple[Any, str, Any, bool]] = []  # (owner, name, original, owned before)
 
-    def recording(name: str, function: Any) -> Any:
+    def recording(family: str, function: Any) -> Any:
         def query(*args: Any, **kwargs: Any) -> Any:
-            asked.append(name)
+            caller = sys._getframe(1)
+            if family not in asked and not caller.f_code.co_filename.startswith(TORCH_DIR):
+                code = linecache.getline(caller.f_code.co_filename, caller.f_lineno).strip()
+                asked[family] = f"{caller.f_code.co_filename}:{caller.f_lineno} `{code}`"
             return function(*args, **kwargs)
         return query
 
     try:
-        for name, function in originals.items():
-            setattr(torch, name, recording(name, function))
+        for family, names in _QUERIES.items():
+            for name in names:
+                owner, attribute = (torch.Tensor, name[7:]) if name.startswith("Tensor.") else (torch, name)
+                if hasattr(owner, attribute):
+                    original = getattr(owner, attribute)
+                    patched.append((owner, attribute, original, attribute in vars(owner)))
+                    setattr(owner, attribute, recording(family, original))
         _eager_runs(model, inputs)
     finally:
-        for name, function in originals.items():
-            setattr(torch, name, function)
-    return bool(asked)
+        for owner, attribute, original, owned in reversed(patched):
+            if owned:
+                setattr(owner, attribute, original)
+            else:
+                delattr(owner, attribute)
+    return asked
 
 
 @contextlib.contextmanager
@@ -250,14 +270,19 @@ def _compare_in_modes(module: fx.GraphModule, model: torch.nn.Module, inputs: tu
     observe, and on its floating inputs in bfloat16 where the model accepts them: the two agree unless
     the forward reads the mode (up to its rounding, for a mode that rounds). The graph stays in the
     analysed mode: an export's graph checks its input dtypes and may not run in another grad mode.
-    A mode the model cannot run in (an op without a bfloat16 kernel) is skipped. Returns what ran."""
+    A mode the model cannot run in (an op without a bfloat16 kernel) is skipped. Returns what ran.
+
+    Outputs agree on random inputs also where a branch the mode takes adds a term that vanishes there
+    (a correction for repeated tokens): so each mode the forward asks about is kept, with the line that
+    asks, in ``module.meta["qlint_asked_modes"]``, and the capture traces the model in it too."""
     checked = []
     draws = any(n.op == "call_function" and indeterminate(n) for n in module.graph.nodes)
-    asks = _asks_autocast(model, inputs)
-    for what, mode, rounds in _observed_modes(training):
+    asked = asked_modes(model, inputs)
+    module.meta["qlint_asked_modes"] = []
+    for what, family, mode, rounds in _observed_modes(training):
         if draws and mode is _float64_default:
             continue  # a seeded draw in float64 is another draw: the outputs cannot be compared
-        if rounds and not asks:
+        if rounds and family not in asked:
             continue  # no branch can read a mode the forward never asks about; rounding alone is no branch
         ran = False
         for scale in ROUNDING_SCALES if rounds else MODE_SCALES:
@@ -270,6 +295,8 @@ def _compare_in_modes(module: fx.GraphModule, model: torch.nn.Module, inputs: tu
             ran = True
         if ran:
             checked.append(what)
+            if family in asked:
+                module.meta["qlint_asked_modes"].append((what, family, mode, asked[family]))
     reduced = tuple(x.to(torch.bfloat16) if isinstance(x, torch.Tensor) and x.is_floating_point() else x
                     for x in inputs)
     if any(x is not y for x, y in zip(reduced, inputs)) and _eager_runs(model, reduced):

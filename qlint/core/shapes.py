@@ -7,12 +7,12 @@ the length, a branch on ``T % 2``. qlint exports with every axis of every input 
 dynamic (``Dim.AUTO``: an axis the model fixes is specialised, not an error), then checks the
 graph against the eager model on other shapes, as the graph check does on other values: the
 example's axes at n + 1 and 2n + 1, and either side of each size the export's guards name
-(``size()[1] <= 16`` gives 15, 16 and 17); never 1 (see :func:`candidates`). A shape the eager model rejects
-is no input; a shape where the graph fails or computes something else is not covered by the graph, and
-the pipeline analyses the model traced there too (:func:`qlint.analysis.run`).
+(``size()[1] <= 16`` gives 15, 16 and 17), and at size 1 (see :func:`candidates`). A shape the eager
+model rejects is no input; a shape where the graph fails or computes something else is not covered by
+the graph, and the pipeline analyses the model traced there too (:func:`qlint.analysis.run`).
 
-An axis of size 1 in the example is specialised by export (0/1 specialisation) and is not
-varied: the graph, and the report, then hold for that size only, and the report says so.
+An axis of size 1 in the example is specialised by export (0/1 specialisation): it is tried at
+size 2, and where the model takes that, the graph must compute it or the model is traced there too.
 """
 
 from __future__ import annotations
@@ -244,9 +244,12 @@ def candidates(inputs: tuple, symbolic: dict[int, set[int]], unrolled: dict[int,
     longest first); and of all these, the shapes that only export's own size assumptions separate
     from the example's (an inner size of 1, two sizes equal) last, so that a model with many such
     regions (a CNN's feature map shrinking to 1 at each stage) still has its other shapes
-    compared within :data:`MAX_CANDIDATES`. Sizes are at least 2: export assumes so of
-    every dynamic axis (0/1 specialisation), and a length of 1 changes broadcasting, so a graph
-    traced there is another model; the report says size 1 is not covered."""
+    compared within :data:`MAX_CANDIDATES`. Each symbolic or unrolled axis is also tried at size
+    1, first among export's own assumptions: export assumes every dynamic axis is at least 2 (0/1
+    specialisation), so a branch on ``x.shape[1] == 1`` (a decode step, a batch of one) leaves no
+    guard, and only running the model there shows it. Like the other shapes of export's own
+    assumptions, a size of 1 the pipeline cannot analyse any more (a CNN on an image one pixel
+    high) is named in the report's scope, not a gap."""
     found = regions(guards, symbolic)
 
     def order(region: Region) -> tuple:
@@ -263,6 +266,11 @@ def candidates(inputs: tuple, symbolic: dict[int, set[int]], unrolled: dict[int,
                 where = f"input {index} axes " + ", ".join(f"{a} of size {size}" for (_, a), size in change.items())
                 changes.append((index, {a: size for (_, a), size in change.items()}, False, where, collapse))
         changes.sort(key=lambda change: bool(change[4]))  # a dispatch before export's own assumptions (stable)
+    for i in sorted(set(symbolic) | set(unrolled)):  # a decode step, a batch of one: the other side of `== 1`
+        for axis in sorted(symbolic.get(i, set()) | unrolled.get(i, set())):
+            if int(inputs[i].shape[axis]) != 1:
+                changes.append((i, {axis: 1}, axis in unrolled.get(i, set()), f"input {i} axis {axis} of size 1",
+                                True))
     for i, axes in symbolic.items():
         shape = inputs[i].shape
         for axis in sorted(axes):
@@ -288,7 +296,8 @@ def candidates(inputs: tuple, symbolic: dict[int, set[int]], unrolled: dict[int,
             collapse = not guards.unread() and guards.specialised_only(value)
             where = where or ", ".join(f"input {i} axis {axis} of size {size}" for axis, size in change.items())
         out.append(Other(resized(inputs, i, change, seed=100 + n), loop, where, collapse))
-    return sorted(out, key=lambda other: bool(other.collapse))  # export's own assumptions last (stable)
+    # export's own assumptions last (stable), a size of 1 first among them: a branch on it leaves no guard
+    return sorted(out, key=lambda other: (bool(other.collapse), not other.where.endswith("of size 1")))
 
 
 def resized(inputs: tuple, index: int, change: dict[int, int], seed: int) -> tuple:
@@ -322,6 +331,7 @@ def probe(model: torch.nn.Module, inputs: tuple, dynamic: bool, guards: list[str
     """
     unrolled: dict[int, set[int]] = {}
     fixed_to_one: list[str] = []
+    widened: list[Other] = []  # an axis of size 1 in the example (export fixes it) the model takes at 2
     for i, x in enumerate(inputs):
         if not isinstance(x, torch.Tensor) or not x.dim():
             continue
@@ -329,12 +339,16 @@ def probe(model: torch.nn.Module, inputs: tuple, dynamic: bool, guards: list[str
             if axis in symbolic.get(i, set()):
                 continue
             if size == 1:
-                fixed_to_one.append(f"input {i} axis {axis}")
+                if runs(resized(inputs, i, {axis: 2}, seed=axis)):
+                    widened.append(Other(resized(inputs, i, {axis: 2}, seed=axis), False,
+                                         f"input {i} axis {axis} of size 2 (1 in the example)"))
+                else:
+                    fixed_to_one.append(f"input {i} axis {axis}")
             elif runs(resized(inputs, i, {axis: int(size) + 1}, seed=axis)):
                 unrolled.setdefault(i, set()).add(axis)
     uncovered: list[Other] = []
     tried = 0
-    for other in candidates(inputs, symbolic, unrolled, Guards(inputs, names, guards)):
+    for other in widened + candidates(inputs, symbolic, unrolled, Guards(inputs, names, guards)):
         if not runs(other.inputs):
             continue
         if tried >= MAX_CANDIDATES:
@@ -345,14 +359,14 @@ def probe(model: torch.nn.Module, inputs: tuple, dynamic: bool, guards: list[str
         if not agrees(other.inputs):
             uncovered.append(other)
     parts = [f"{'dynamic' if dynamic else 'static'} export, checked against the model on {tried} other input shape(s) "
-             "(lengths >= 2)"]
+             "(size 1 and sizes >= 2)"]
     if any(symbolic.values()):
         parts.append("symbolic: " + ", ".join(f"input {i} axes {sorted(a)}" for i, a in symbolic.items() if a))
     if unrolled:
         parts.append("fixed by the graph though the model takes other sizes (a loop over them): "
                      + ", ".join(f"input {i} axes {sorted(a)}" for i, a in unrolled.items()))
     if fixed_to_one:
-        parts.append(f"size 1 as in the example on {', '.join(fixed_to_one)} (export specialises it)")
+        parts.append(f"size 1 as in the example, the only size the model takes, on {', '.join(fixed_to_one)}")
     return ShapeCoverage(scope="; ".join(parts), uncovered=uncovered)
 
 

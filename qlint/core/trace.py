@@ -57,10 +57,21 @@ class TracedGraph:
     shapes: Optional["shapes.ShapeCoverage"] = None  # the input shapes an export graph was checked on
     example: Optional[tuple] = None  # the inputs it was traced on, when they are not the factory's
     specialised: list[str] = field(default_factory=list)  # input values read in Python, fixed to the example's
+    in_modes: list["ModeGraph"] = field(default_factory=list)  # other graphs in the global modes the forward reads
 
     @property
     def graph(self) -> fx.Graph:
         return self.module.graph
+
+
+@dataclass
+class ModeGraph:
+    """The model traced in a global mode its forward asks about, where that gives another graph."""
+
+    what: str  # "in inference mode"
+    line: str  # where the forward asks: "model.py:40 `if torch.is_inference_mode_enabled():`"
+    traced: Optional[TracedGraph]  # None: the model could not be traced in the mode
+    failure: str = ""
 
 
 class _Tracer(fx.Tracer):

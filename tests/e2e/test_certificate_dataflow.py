@@ -51,6 +51,17 @@ EXPECTED: dict[str, tuple[str, object]] = {  # factory: (verdict, max q)
     "integer_buffer_gate": ("certified", 1.0),
     "annealed_exponent": ("uncertified", None),
     "frozen_statistics": ("certified", 1.0),
+    "bool_flag_on": ("supercritical", 2.0),
+    "bool_flag_off": ("certified", 1.0),  # where/masked_fill by a constant condition select one value
+    "one_token_square": ("supercritical", 2.0),
+    "batch_of_one_square": ("supercritical", 2.0),
+    "example_of_one_token_square": ("supercritical", 2.0),
+    "one_token_skips_mixing": ("certified", 1.0),
+    **{f"reads_{h}_held_value": ("failed", None) for h in ("float", "closure", "tolist")},
+    "reads_integer_held_value": ("certified", 1.0),
+    "reads_derived_held_value": ("certified", 1.0),
+    "inference_repeated_token_square": ("supercritical", 2.0),
+    "inference_fused_mlp": ("certified", 1.0),
 }
 REFUSED_BECAUSE = {  # what the one-line reason of each refused model names
     "reads_inference_mode": "in inference mode",
@@ -60,6 +71,9 @@ REFUSED_BECAUSE = {  # what the one-line reason of each refused model names
     "reads_deterministic": "deterministic algorithms",
     "reads_input_dtype": "bfloat16 inputs",
     "reads_call_counter": "state kept across calls",
+    "reads_float_held_value": "reads the value of the buffer `mix` in Python at",
+    "reads_tolist_held_value": "reads the value of the buffer `mix` in Python at",
+    "reads_closure_held_value": "a float tensor held outside the module's parameters and buffers",
 }
 
 
@@ -130,7 +144,80 @@ def test_the_check_names_the_modes_it_ran(report):
     assert "autocast" not in check
 
 
+def test_a_size_1_branch_is_traced_and_analysed_there(report):
+    """export assumes every dynamic axis >= 2, so a branch on ``x.shape[1] == 1`` leaves no guard: the
+    graph runs at size 1 and differs from the model there, and the model traced there is analysed."""
+    for name, shape in (("one_token_square", "(2, 1, 8)"), ("batch_of_one_square", "(1, 3, 8)"),
+                        ("example_of_one_token_square", "(2, 2, 8)")):
+        assert f"the graph differs from the model on inputs {shape} float32: traced and analysed there too " \
+               "(supercritical)" in report[name]["shapes"], name
+    assert "(2, 1, 8) float32: traced and analysed there too (certified)" in report["one_token_skips_mixing"]["shapes"]
+
+
+def test_a_read_line_is_named(report):
+    assert "fixtures/dataflow.py:" in report["reads_float_held_value"]["failure"]
+    assert "`return float(self.mix) != 0`" in report["reads_float_held_value"]["failure"]
+
+
+def test_a_mode_the_forward_asks_about_is_traced_and_analysed_there(report):
+    """The repeated-token term is 0 on random inputs, so the outputs agree in inference mode; the graph
+    traced in the mode holds it. The fused MLP is another graph with the same exponent."""
+    for name, verdict in (("inference_repeated_token_square", "supercritical"), ("inference_fused_mlp", "certified")):
+        assert "`if not torch.is_inference_mode_enabled():`: traced and analysed in inference mode too " \
+               f"({verdict})" in report[name]["modes"]
+    assert "modes" not in report["reads_nothing"]  # asks about no mode: nothing traced again
+
+
 # --- the inputs that would break each mechanism ---------------------------------------------------
+
+
+def test_a_held_read_is_followed_through_ops_and_not_confused_with_literals_or_inputs():
+    """The read of (config["aux"] * 2 + 1) is traced back through two ops to the held tensor; a literal
+    built in the forward (torch.tensor(0.5)) and a value of the input are not held tensors (the tracers see
+    an input's reads themselves)."""
+    from qlint.core.value_reads import held_value_read
+
+    class Reads(torch.nn.Module):
+        def __init__(self, what):
+            super().__init__()
+            self.what, self.scale = what, torch.tensor(3.0)
+
+        def forward(self, x):
+            if self.what == "literal":
+                return x * float(torch.tensor(0.5) * 2)
+            if self.what == "input":
+                return x * float(x.sum() > 0)
+            return x * float(self.scale.exp())  # a plain tensor attribute
+
+    x = (torch.randn(2, 3),)
+    assert held_value_read(Reads("literal"), x) is None
+    assert held_value_read(Reads("input"), x) is None
+    read = held_value_read(Reads("attribute"), x)
+    assert read is not None and read.what.startswith("a float tensor held outside")
+    assert "float(self.scale.exp())" in read.where
+
+
+def test_a_mode_query_from_inside_torch_is_not_the_models():
+    """torch.autocast's own checks and a factory's default dtype ask torch too: only the forward's
+    questions count, each with its line."""
+    from qlint.core.graph_check import asked_modes
+
+    class Quiet(torch.nn.Module):
+        def forward(self, x):
+            with torch.autocast("cpu", enabled=False):
+                return x + torch.zeros(3)
+
+    class Asks(torch.nn.Module):
+        def forward(self, x):
+            return x * 2 if x.is_inference() else x
+
+    x = (torch.randn(2, 3),)
+    assert asked_modes(Quiet(), x) == {}
+    asked = asked_modes(Asks(), x)
+    assert list(asked) == ["inference"] and "x.is_inference()" in asked["inference"]
+    assert "is_inference" not in vars(torch.Tensor)  # the query is put back as it was
+
+
 
 
 def test_checking_leaves_the_models_python_state_as_it_was():

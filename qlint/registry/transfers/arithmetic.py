@@ -5,7 +5,7 @@ powers, exponentials and logarithms, clamps and selections, rounding.
 from __future__ import annotations
 
 import math
-from typing import Any
+from typing import Any, Optional
 
 from qlint.core import algebra, domain
 from qlint.core.domain import ANY, CONSTANT, Growth, Range, unknown
@@ -333,20 +333,35 @@ def maximum(call: Call, entry: Any) -> Any:
 @transfer("where")
 def where(call: Call, entry: Any) -> Any:
     """where(c, a, b) and masked_fill(x, m, v): each entry is one of the values (the condition
-    selects); Theorem 9(ii)."""
+    selects); Theorem 9(ii). A condition that is one value at every entry for every input and
+    parameter (a bool flag buffer, a literal) selects the same value everywhere: the other is not
+    computed into the result, whatever it is (``where(use_aux, aux, 0)`` with ``use_aux`` False)."""
     call.selectors("condition", "mask")
-    values = [g for g in (call.growth("input"), call.growth("other"), call.growth("value"), call.growth("source"))
-              if g is not None]
-    if entry.id == "where" and call.has("condition"):
-        values = [g for g in (call.growth("input"), call.growth("other")) if g is not None]
-        if not call.has("input"):  # where(c) = nonzero(c, as_tuple=True): one index tensor per axis of c
-            rank = len(argument_shape(call, "condition") or ())
-            index = Growth(0.0, depends=True, range=Range(lo=0.0))
-            return tuple(index for _ in range(rank)) if rank else unknown("where(c) of a condition of unknown rank")
+    if entry.id == "where" and call.has("condition") and not call.has("input"):
+        # where(c) = nonzero(c, as_tuple=True): one index tensor per axis of c
+        rank = len(argument_shape(call, "condition") or ())
+        index = Growth(0.0, depends=True, range=Range(lo=0.0))
+        return tuple(index for _ in range(rank)) if rank else unknown("where(c) of a condition of unknown rank")
+    selects = ({True: ("input",), False: ("other",)} if entry.id == "where"
+               else {True: ("value",), False: ("input",)})
+    every = ("input", "other") if entry.id == "where" else ("input", "value")
+    chosen = selects.get(_uniform(call.value("condition" if entry.id == "where" else "mask")), every)
+    call.meta(*(name for name in every if name not in chosen))  # not in the result: the condition never takes it
+    values = [g for g in (call.growth(name) for name in chosen) if g is not None]
     if not values:
         return CONSTANT
     ranges = [range_of(v) for v in values]
     return combine_max(*values, r=domain.union(*ranges))
+
+
+def _uniform(condition: Any) -> Optional[bool]:
+    """True or False when a condition has that value at every entry for every input and parameter
+    (its range one point, not depending on the input); None otherwise."""
+    if isinstance(condition, bool):
+        return condition
+    if isinstance(condition, Growth) and not condition.depends and condition.range.lo == condition.range.hi:
+        return condition.range.lo != 0
+    return None
 
 
 @transfer("lerp")
