@@ -17,7 +17,7 @@ ZOO_PINS := transformers==5.24.0
 TORCH_INDEX_URL ?=
 TORCH_INDEX := $(if $(TORCH_INDEX_URL),--index-url $(TORCH_INDEX_URL),)
 
-.PHONY: demo test bench bench-phases
+.PHONY: demo test test-fast bench bench-phases
 
 $(VENV)/.installed: pyproject.toml Makefile
 	$(PYTHON) -m venv $(VENV)
@@ -29,8 +29,17 @@ $(VENV)/.installed: pyproject.toml Makefile
 demo: $(VENV)/.installed
 	@$(VENV)/bin/qlint fixtures/mamba.py:native; echo "qlint exited with $$? (0: certified, 1: findings, 2: could not run)"
 
+# The suite runs on every core (pytest-xdist, at most 4 workers: each holds its own torch and models), a
+# test file per worker so that a file's shared fixtures are built once.
+XDIST := -n auto --maxprocesses 4 --dist loadfile
+
 test: $(VENV)/.installed
-	$(PY) -m pytest
+	$(PY) -m pytest $(XDIST)
+
+# Before each commit (about 3 minutes): the engine, the rules and the command line, without the model
+# zoos, corpora and training runs of tests/e2e, tests/verify and tests/probe.
+test-fast: $(VENV)/.installed
+	$(PY) -m pytest $(XDIST) $(FAST)
 
 bench: $(VENV)/.installed
 	$(PY) bench/bench_speed.py --repeat 3

@@ -142,18 +142,19 @@ def _over_shapes(model: torch.nn.Module, analysis: Analysis, registry: Any, spec
 
 def _over_modes(model: torch.nn.Module, analysis: Analysis, registry: Any, spec: str, options: Options) -> Analysis:
     """The analysis of the worst graph among the one analysed and those the model gives in the global
-    modes its forward asks about (:func:`qlint.core.capture._in_asked_modes`): a certificate holds in
-    every mode the model can be run in, and a mode it cannot be traced in is a gap named by its line."""
+    modes its forward may read (:func:`qlint.core.capture._in_modes`): a certificate holds in every
+    mode the model can be run in, and a mode it cannot be traced in is a gap."""
     worst, notes = analysis, []
     for other in analysis.traced.in_modes:
+        reads = f"the forward reads the mode at {other.line}" if other.line else "the forward takes another path"
         if other.traced is None:
-            _gap(worst, f"the forward asks about the mode at {other.line}, and the model could not be traced "
-                        f"{other.what} ({other.failure})")
+            _gap(worst, f"{reads}, and the model could not be traced {other.what} ({other.failure})")
             continue
         alternative = analyse_graph(model, analysis.inputs, other.traced, registry, spec=spec,
                                     threshold=options.threshold)
-        notes.append(f"the forward reads the mode at {other.line}: traced and analysed {other.what} too "
-                     f"({alternative.report.verdict})")
+        notes.append(f"{reads} {other.what}: traced and analysed there too ({alternative.report.verdict})"
+                     if not other.line else
+                     f"{reads}: traced and analysed {other.what} too ({alternative.report.verdict})")
         if _severity(alternative) > _severity(worst):
             alternative.gaps += [g for g in worst.gaps if g.part is None]
             alternative.report.uncovered += [g.reason for g in worst.gaps if g.part is None]

@@ -19,20 +19,20 @@ When every tracer fails, :func:`explain` says in one line which construct stoppe
 from __future__ import annotations
 
 import traceback
+from collections import Counter
 from typing import Any, Optional
 
 import torch
 import torch.fx as fx
 
+from qlint.core import eager_record
 from qlint.core import reuse as layer_reuse
 from qlint.core.graph import TORCH_DIR
 from qlint.core.graph_check import GraphMismatch, compare_with_eager, eager_failure, shape_coverage
 from qlint.core.ops import declared_name
-from qlint.core.trace import (ModeGraph, TraceFailure, TracedGraph, ValueSpecialised, export_module, first_line, grad_state,
-                              has_meta,
-                              is_hugging_face, make_fx_module, non_finite_parameters, quiet, redefining_tensor, restore,
-                              snapshot, symbolic_trace_module)
-from qlint.core.value_reads import held_value_read
+from qlint.core.trace import (ModeGraph, TraceFailure, TracedGraph, ValueSpecialised, export_module, first_line,
+                              grad_state, has_meta, is_hugging_face, make_fx_module, non_finite_parameters, quiet,
+                              redefining_tensor, restore, snapshot, symbolic_trace_module)
 
 TRACERS = ("symbolic_trace", "export", "make_fx")
 
@@ -85,53 +85,68 @@ def capture(model: torch.nn.Module, inputs: Optional[tuple], registry: Any = Non
                            "--device meta)")
     held = _attributes(model)
     try:
-        if inputs is not None and not has_meta(model, inputs):
-            _refuse_held_reads(model, inputs)
-        return _first_faithful(model, inputs, registry, prefer, reuse, shapes_too)
+        eager_ops = _eager_ops(model, inputs) if inputs is not None and not has_meta(model, inputs) else None
+        return _first_faithful(model, inputs, registry, prefer, reuse, shapes_too, eager_ops)
     finally:
         _restore_attributes(model, held)
 
 
-def _refuse_held_reads(model: torch.nn.Module, inputs: tuple) -> None:
-    """Refuse a forward that reads a held float tensor's value in Python (:mod:`qlint.core.value_reads`):
-    every tracer would keep the path today's value took."""
+def _eager_ops(model: torch.nn.Module, inputs: tuple) -> Optional[Counter]:
+    """One recorded eager forward (:mod:`qlint.core.eager_record`): refuse a read of a held float
+    tensor's value in Python (every tracer would keep the path today's value took); the ops it ran,
+    which the graph must run too (None when the forward fails: the tracers report why)."""
     saved, state = snapshot(model), torch.random.get_rng_state()
     try:
         with quiet(), grad_state(model.training):
-            read = held_value_read(model, inputs)
+            recorded = eager_record.record(model, inputs)
     finally:
         restore(model, saved)
         torch.random.set_rng_state(state)
+    read = recorded.read
     if read is not None:
         raise TraceFailure(f"{type(model).__name__} reads the value of {read.what} in Python at {read.where}: a graph "
                            "holds the value it had when traced and the path that value took, and training may change "
                            "it (qlint certifies for every value a float tensor the model holds may take); compute with "
                            "tensor ops (torch.where, a multiplication), or hold a constant as a Python number")
+    return recorded.ops if recorded.ran else None
 
 
-def _attributes(model: torch.nn.Module) -> dict[str, dict[str, Any]]:
-    """Each module's own attributes (its ``__dict__``, shallow): what a forward may assign."""
-    return {path: dict(vars(module)) for path, module in model.named_modules()}
+def _attributes(model: torch.nn.Module) -> dict[str, tuple[dict[str, Any], dict[str, Any]]]:
+    """Each module's own attributes (its ``__dict__``, shallow) and the contents of the dicts and lists
+    among them: what a forward may assign (``self.stats["tokens"] += n`` writes a Proxy there)."""
+    held = {}
+    for path, module in model.named_modules():
+        own = dict(vars(module))
+        held[path] = (own, {key: (dict(value) if isinstance(value, dict) else list(value))
+                            for key, value in own.items() if type(value) in (dict, list)})
+    return held
 
 
-def _restore_attributes(model: torch.nn.Module, held: dict[str, dict[str, Any]]) -> None:
+def _restore_attributes(model: torch.nn.Module, held: dict[str, tuple[dict[str, Any], dict[str, Any]]]) -> None:
     """Tracing leaves nothing in the user's module: an attribute the forward assigned while being
     traced (symbolic_trace would leave an fx Proxy there, export a fake tensor) or checked (a counter)
-    is put back, and one it added is removed."""
+    is put back, one it added is removed, and a dict or list it wrote into holds what it held."""
     for path, module in model.named_modules():
-        before = held.get(path)
-        if before is None:
+        if path not in held:
             continue
+        before, contents = held[path]
         own = vars(module)
         for key in [k for k in own if k not in before]:
             del own[key]
         for key, value in before.items():
             if own.get(key) is not value:
                 own[key] = value
+        for key, saved in contents.items():
+            container = before[key]
+            if isinstance(container, dict):
+                container.clear()
+                container.update(saved)
+            else:
+                container[:] = saved
 
 
 def _first_faithful(model: torch.nn.Module, inputs: Optional[tuple], registry: Any, prefer: Optional[str],
-                    reuse: bool, shapes_too: bool) -> TracedGraph:
+                    reuse: bool, shapes_too: bool, eager_ops: Optional[Counter]) -> TracedGraph:
     """Each tracer in turn (``prefer``: that one only) until one gives a graph the checks accept."""
     attempts: list[str] = []
     errors: list[tuple[str, BaseException]] = []
@@ -145,7 +160,7 @@ def _first_faithful(model: torch.nn.Module, inputs: Optional[tuple], registry: A
             continue
         try:
             with quiet(), grad_state(model.training):
-                module, check = _traced_and_checked(name, model, inputs, registry, reuse=reuse)
+                module, check = _traced_and_checked(name, model, inputs, registry, reuse=reuse, eager_ops=eager_ops)
         except Exception as exc:  # every tracer failure is reported, none is fatal here
             attempts.append(f"{name}: {first_line(exc)}")
             errors.append((name, exc))
@@ -155,7 +170,7 @@ def _first_faithful(model: torch.nn.Module, inputs: Optional[tuple], registry: A
                            replayed=list(module.meta.get("qlint_replayed", [])),
                            reuse_abandoned=module.meta.get("qlint_reuse_abandoned", ""), shapes=coverage,
                            specialised=list(module.meta.get("qlint_specialised", [])),
-                           in_modes=_in_asked_modes(name, model, module, inputs, registry, reuse))
+                           in_modes=_in_modes(name, model, module, inputs, registry, reuse, check))
     refused = eager_failure(model, inputs) if inputs is not None and not has_meta(model, inputs) else None
     if refused is not None:
         raise TraceFailure(f"{type(model).__name__} does not run on its example inputs {shapes_of(inputs)}: "
@@ -168,56 +183,70 @@ def _first_faithful(model: torch.nn.Module, inputs: Optional[tuple], registry: A
     raise TraceFailure(message) from (_explained(errors)[1] if errors else None)
 
 
-def _in_asked_modes(tracer: str, model: torch.nn.Module, module: fx.GraphModule, inputs: Optional[tuple],
-                    registry: Any, reuse: bool) -> list[ModeGraph]:
-    """The model traced again, by the same tracer, in each global mode its forward asks torch about
-    (:func:`qlint.core.graph_check.asked_modes`), where that graph is another computation than the one
-    analysed: its outputs may agree on the example (a branch whose term vanishes on random inputs),
-    so the pipeline analyses it too. Not traced again, so compared by outputs only: without gradients
-    (the graph check runs in the analysed grad mode) and under autocast (export bakes the casts into
-    its graph, symbolic_trace does not: no one check fits both)."""
+def _in_modes(tracer: str, model: torch.nn.Module, module: fx.GraphModule, inputs: Optional[tuple], registry: Any,
+              reuse: bool, checked: str) -> list[ModeGraph]:
+    """The model traced again, by the same tracer, in the global modes its forward may read
+    (``module.meta["qlint_modes"]``, :func:`qlint.core.graph_check._compare_in_modes`), where that
+    graph is another computation than the one analysed: its outputs may agree on every input
+    compared (a branch whose term vanishes on random inputs), so the pipeline analyses it too.
+
+    Which modes: :func:`qlint.core.graph_check._compare_in_modes` chose them (every mode the model
+    runs in for a symbolic_trace graph, the modes the forward asks about for another tracer)."""
     out = []
-    for what, family, mode, line in module.meta.get("qlint_asked_modes", []):
-        if family in _COMPARED_ONLY:
-            continue
+    for what, family, mode, line in module.meta.get("qlint_modes", []):
         try:
             with quiet(), grad_state(model.training), mode():
-                other, check = _traced_and_checked(tracer, model, inputs, registry, reuse=reuse, other_modes=False)
+                gradients = torch.is_grad_enabled()  # as the mode left it (inference mode turns them off): checked so
+                if _fingerprint(_traced(tracer, model, inputs, registry, reuse)) == _fingerprint(module):
+                    continue  # the same ops: the graph analysed stands for this mode too
+                other, check = _traced_and_checked(tracer, model, inputs, registry, reuse=reuse, other_modes=False,
+                                                   grad=gradients)
         except Exception as exc:  # noqa: BLE001  (reported: the mode's graph is then a gap)
-            out.append(ModeGraph(what, line, None, first_line(exc)))
+            out.append(ModeGraph(what, line or "", None, first_line(exc)))
             continue
-        if _fingerprint(other) != _fingerprint(module):
-            out.append(ModeGraph(what, line, TracedGraph(module=other, tracer=tracer, graph_check=check)))
+        out.append(ModeGraph(what, line or "", TracedGraph(module=other, tracer=tracer,
+                                                           graph_check=f"{checked}; traced {what}, it {check}")))
     return out
 
 
-_COMPARED_ONLY = ("grad", "autocast")
+def _fingerprint(module: fx.GraphModule) -> list[tuple[str, ...]]:
+    """The ops a graph runs, in order, with their arguments: two traces of one path through the forward
+    give the same (a scale chosen by the mode is an argument)."""
+    return [(n.op, str(n.target), str(n.args), str(n.kwargs)) for n in module.graph.nodes
+            if n.op not in ("placeholder", "output")]
 
 
-def _fingerprint(module: fx.GraphModule) -> list[tuple[str, str]]:
-    """The ops a graph runs, in order: two traces of one path through the forward give the same."""
-    return [(n.op, str(n.target)) for n in module.graph.nodes if n.op not in ("placeholder", "output", "get_attr")]
+def _traced(tracer: str, model: torch.nn.Module, inputs: Optional[tuple], registry: Any, reuse: bool) -> fx.GraphModule:
+    """Stages 2-4 for one tracer: the graph, not yet checked; the module's attributes as they were (a
+    Proxy a traced forward left in one would enter the next trace)."""
+    held = _attributes(model)
+    try:
+        if tracer == "symbolic_trace":
+            return symbolic_trace_module(model, registry, inputs)
+        if tracer == "make_fx":
+            return make_fx_module(model, inputs)  # type: ignore[arg-type]
+        return exported(model, inputs, reuse=reuse)  # type: ignore[arg-type]
+    finally:
+        _restore_attributes(model, held)
 
 
 def _traced_and_checked(tracer: str, model: torch.nn.Module, inputs: Optional[tuple], registry: Any, *,
-                        reuse: bool, other_modes: bool = True) -> tuple[fx.GraphModule, str]:
+                        reuse: bool, other_modes: bool = True, grad: Optional[bool] = None,
+                        eager_ops: Optional[Counter] = None) -> tuple[fx.GraphModule, str]:
     """Stages 2-5 for one tracer: the graph and what its check against the eager model found (under
-    every global mode too, unless ``other_modes`` is off: a graph traced in one stands for it only)."""
-    if tracer == "symbolic_trace":
-        module = symbolic_trace_module(model, registry, inputs)
-        return module, compare_with_eager(model, module, inputs, shape_only=True, other_modes=other_modes)
-    if tracer == "make_fx":
-        module = make_fx_module(model, inputs)  # type: ignore[arg-type]
-        return module, compare_with_eager(model, module, inputs, other_modes=other_modes)
-    module = exported(model, inputs, reuse=reuse)  # type: ignore[arg-type]
+    every global mode too, unless ``other_modes`` is off: a graph traced in one stands for it only;
+    ``grad``: compared in that grad mode, when not the analysed one; ``eager_ops``: the ops the
+    model ran on the example, which the graph must run too)."""
+    module = _traced(tracer, model, inputs, registry, reuse)
+    check = dict(shape_only=tracer == "symbolic_trace", other_modes=other_modes, grad=grad, eager_ops=eager_ops)
     try:
-        return module, compare_with_eager(model, module, inputs, other_modes=other_modes)
+        return module, compare_with_eager(model, module, inputs, **check)
     except GraphMismatch:
-        if not module.meta.get("qlint_replayed"):
+        if tracer != "export" or not module.meta.get("qlint_replayed"):
             raise
     module = exported(model, inputs, reuse=False)  # the copied layers are not the model's: trace each
     module.meta["qlint_reuse_abandoned"] = "the graph check refuted the copied layers"
-    return module, compare_with_eager(model, module, inputs, other_modes=other_modes)
+    return module, compare_with_eager(model, module, inputs, **check)
 
 
 def exported(model: torch.nn.Module, inputs: tuple, *, reuse: bool = True) -> fx.GraphModule:

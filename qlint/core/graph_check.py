@@ -10,12 +10,14 @@ from __future__ import annotations
 import contextlib
 import linecache
 import sys
+from collections import Counter
 from typing import Any, Iterator, Optional
 
 import torch
 import torch.fx as fx
 
 from qlint.core import shapes
+from qlint.core.eager_record import missing_ops, ops_run
 from qlint.core.graph import TORCH_DIR, indeterminate
 from qlint.core.trace import (argument_names, first_line, grad_state, has_meta, quiet, restore, snapshot,
                               tensor_outputs, tensors)
@@ -73,7 +75,8 @@ class GraphMismatch(Exception):
 
 
 def compare_with_eager(model: torch.nn.Module, module: fx.GraphModule, inputs: Optional[tuple], *,
-                       shape_only: bool = False, other_modes: bool = True) -> str:
+                       shape_only: bool = False, other_modes: bool = True, grad: Optional[bool] = None,
+                       eager_ops: Optional[Counter] = None) -> str:
     """Run the graph and the eager model and compare their outputs: on the example inputs,
     on them scaled up, and with the parameters redrawn.
 
@@ -86,6 +89,9 @@ def compare_with_eager(model: torch.nn.Module, module: fx.GraphModule, inputs: O
     proofs use. Raises GraphMismatch when the outputs differ; the model's parameters,
     buffers and RNG state are restored afterwards. ``other_modes``: also under every global mode the
     forward can observe (not for a graph traced in one of them, which stands for that mode only).
+    ``grad``: the grad mode to compare in, when not the analysed mode's (a graph traced without gradients).
+    ``eager_ops``: the ops the eager model ran on the example (:mod:`qlint.core.eager_record`); the graph
+    must run each as often, or it left out a path the model takes when not traced.
     """
     if inputs is None:
         return "not compared: no example inputs"
@@ -98,7 +104,8 @@ def compare_with_eager(model: torch.nn.Module, module: fx.GraphModule, inputs: O
     saved = snapshot(model)
     state = torch.random.get_rng_state()
     try:
-        with grad_state(model.training):
+        gradients = model.training if grad is None else grad
+        with grad_state(gradients):
             torch.manual_seed(0)
             graph_out = ShapeProp(module).propagate(*inputs) if shape_only else module(*inputs)
             first = _eager(model, inputs)
@@ -109,8 +116,10 @@ def compare_with_eager(model: torch.nn.Module, module: fx.GraphModule, inputs: O
                 if b.numel() and not _same_tensor(b, saved[name]))
             _require_same(graph_out, first, "on the example inputs")
             _require_stateless(model, inputs, first, plain, module.meta["qlint_written_buffers"])
+            if eager_ops is not None:
+                _require_every_op(module, inputs, eager_ops)
             floats = any(isinstance(x, torch.Tensor) and x.is_floating_point() for x in inputs)
-            if model.training and floats:  # in training every block after the first reads a value that requires grad
+            if gradients and floats:  # in training every block after the first reads a value that requires grad
                 wanting = tuple(x.detach().requires_grad_(True) if isinstance(x, torch.Tensor) and x.is_floating_point()
                                 else x
                                 for x in inputs)
@@ -126,7 +135,8 @@ def compare_with_eager(model: torch.nn.Module, module: fx.GraphModule, inputs: O
             for redraw in _redraws(model, saved):  # each redraw overwrites every float parameter
                 _compare_again(module, model, inputs, f"with the parameters {redraw}")
                 restore(model, saved, buffers_only=True)  # what the forward may have updated (BatchNorm's statistics)
-        modes = _compare_in_modes(module, model, inputs, model.training) if other_modes else []
+        modes = (_compare_in_modes(module, model, inputs, model.training, every_mode=shape_only) if other_modes
+                 else [])
     finally:
         restore(model, saved)
         torch.random.set_rng_state(state)
@@ -135,6 +145,19 @@ def compare_with_eager(model: torch.nn.Module, module: fx.GraphModule, inputs: O
             f"with redrawn parameters, over {CALLS} successive calls"
             + (f", and {', '.join(modes)}" if modes else "")
             + f" ({count} output{'s' if count != 1 else ''})")
+
+
+def _require_every_op(module: fx.GraphModule, inputs: tuple, eager_ops: Counter) -> None:
+    """The graph, run on the example, runs every op the eager model ran there, as often: a forward that
+    notices the tracer can leave out a term that is 0 on every input compared (gated by a padding
+    marker), and only the ops it runs show it."""
+    torch.manual_seed(0)
+    missing = missing_ops(eager_ops, ops_run(module, inputs))
+    if missing:
+        more = f" and {len(missing) - 4} more" if len(missing) > 4 else ""
+        raise GraphMismatch(f"the model runs ops on the example that the graph does not ({', '.join(missing[:4])}"
+                            f"{more}): the forward takes another path while it is traced (a test of fx tracing, of a "
+                            "Proxy or fake tensor, or of torch.compiler.is_compiling())")
 
 
 CALLS = 3  # successive identical calls compared: state kept across calls shows from the second one
@@ -166,15 +189,35 @@ _PLAIN = (bool, int, float, complex, str, type(None))
 
 
 def python_state(model: torch.nn.Module) -> dict[str, Any]:
-    """The plain Python values (numbers, strings, flags, tuples and lists of them) that each module
-    holds as attributes: what a forward that counts its calls or unlocks a depth changes."""
+    """The plain Python values each module holds as attributes, also inside dicts, lists and tuples and
+    as NumPy scalars: what a forward that counts its calls or unlocks a depth changes."""
     state: dict[str, Any] = {}
     for path, module in model.named_modules():
         for key, value in vars(module).items():
-            if isinstance(value, _PLAIN) or (isinstance(value, (tuple, list))
-                                             and all(isinstance(v, _PLAIN) for v in value)):
-                state[f"{path}.{key}" if path else key] = value if not isinstance(value, list) else list(value)
+            plain = _plain(value)
+            if plain is not _NOT_PLAIN:
+                state[f"{path}.{key}" if path else key] = plain
     return state
+
+
+_NOT_PLAIN = object()
+
+
+def _plain(value: Any, depth: int = 0) -> Any:
+    """``value`` as comparable plain data (a NumPy scalar as its number, containers as tuples), or
+    _NOT_PLAIN for anything else (a module, a tensor, an object)."""
+    if isinstance(value, _PLAIN):
+        return value
+    if type(value).__module__ == "numpy" and hasattr(value, "item") and getattr(value, "shape", None) == ():
+        return value.item()
+    if depth < 3 and isinstance(value, (list, tuple)):
+        items = [_plain(v, depth + 1) for v in value]
+        return _NOT_PLAIN if any(i is _NOT_PLAIN for i in items) else tuple(items)
+    if depth < 3 and isinstance(value, dict):
+        items = {k: _plain(v, depth + 1) for k, v in value.items() if isinstance(k, _PLAIN)}
+        kept = {k: v for k, v in items.items() if v is not _NOT_PLAIN}
+        return tuple(sorted(kept.items(), key=lambda kv: repr(kv[0]))) if kept else _NOT_PLAIN
+    return _NOT_PLAIN
 
 
 def _observed_modes(training: bool) -> list[tuple[str, str, Any, bool]]:
@@ -191,17 +234,23 @@ def _observed_modes(training: bool) -> list[tuple[str, str, Any, bool]]:
         ("under CPU autocast (bfloat16)", "autocast", lambda: torch.autocast("cpu", dtype=torch.bfloat16), True),
         ("with float64 as the default dtype", "dtype", _float64_default, False),
         ("with deterministic algorithms", "deterministic", _deterministic, False),
+        ("with float32 matmul precision 'medium'", "matmul", _medium_matmul, True),
     ]
 
 
-# the functions that read each global mode, by family (Tensor.is_inference on the tensor class)
+# the functions that read each global mode, by family: torch's (``Tensor.`` on the tensor class, ``_C.`` its
+# builtins); a name imported before the check, or a behaviour (a factory's dtype), is no call of these, and is
+# found where the model is traced in every mode (symbolic_trace) or by the outputs
 _QUERIES = {
-    "grad": ("is_grad_enabled",),
-    "inference": ("is_inference_mode_enabled", "Tensor.is_inference"),
+    "grad": ("is_grad_enabled", "_C.is_grad_enabled"),
+    "inference": ("is_inference_mode_enabled", "_C.is_inference_mode_enabled", "is_inference", "Tensor.is_inference"),
     "autocast": ("is_autocast_enabled", "is_autocast_cpu_enabled", "get_autocast_dtype", "get_autocast_cpu_dtype",
-                 "get_autocast_gpu_dtype", "is_autocast_cache_enabled"),
-    "dtype": ("get_default_dtype",),
-    "deterministic": ("are_deterministic_algorithms_enabled", "is_deterministic_algorithms_warn_only_enabled"),
+                 "get_autocast_gpu_dtype", "is_autocast_cache_enabled", "_C.is_autocast_enabled",
+                 "_C._is_any_autocast_enabled", "_C.get_autocast_dtype"),
+    "dtype": ("get_default_dtype", "_C._get_default_dtype"),
+    "deterministic": ("are_deterministic_algorithms_enabled", "is_deterministic_algorithms_warn_only_enabled",
+                      "_C._get_deterministic_algorithms", "_C._get_deterministic_algorithms_warn_only"),
+    "matmul": ("get_float32_matmul_precision", "_C._get_float32_matmul_precision"),
 }
 
 
@@ -224,7 +273,8 @@ def asked_modes(model: torch.nn.Module, inputs: tuple) -> dict[str, str]:
     try:
         for family, names in _QUERIES.items():
             for name in names:
-                owner, attribute = (torch.Tensor, name[7:]) if name.startswith("Tensor.") else (torch, name)
+                owner, attribute = ((torch.Tensor, name[7:]) if name.startswith("Tensor.")
+                                    else (torch._C, name[3:]) if name.startswith("_C.") else (torch, name))
                 if hasattr(owner, attribute):
                     original = getattr(owner, attribute)
                     patched.append((owner, attribute, original, attribute in vars(owner)))
@@ -250,6 +300,16 @@ def _float64_default() -> Iterator[None]:
 
 
 @contextlib.contextmanager
+def _medium_matmul() -> Iterator[None]:
+    previous = torch.get_float32_matmul_precision()
+    torch.set_float32_matmul_precision("medium")
+    try:
+        yield
+    finally:
+        torch.set_float32_matmul_precision(previous)
+
+
+@contextlib.contextmanager
 def _deterministic() -> Iterator[None]:
     previous = torch.are_deterministic_algorithms_enabled()
     warn_only = torch.is_deterministic_algorithms_warn_only_enabled()
@@ -265,46 +325,82 @@ def _deterministic() -> Iterator[None]:
 MODE_SCALES, ROUNDING_SCALES = (1.0, 1e3), (1.0,)
 
 
-def _compare_in_modes(module: fx.GraphModule, model: torch.nn.Module, inputs: tuple, training: bool) -> list[str]:
+def _compare_in_modes(module: fx.GraphModule, model: torch.nn.Module, inputs: tuple, training: bool, *,
+                      every_mode: bool) -> list[str]:
     """Compare the graph as analysed with the eager model run under every global mode the forward can
-    observe, and on its floating inputs in bfloat16 where the model accepts them: the two agree unless
+    observe, and on its floating inputs in every form a forward can read (bfloat16, float16, not
+    contiguous, channels-last) where the model accepts them: the two agree unless
     the forward reads the mode (up to its rounding, for a mode that rounds). The graph stays in the
     analysed mode: an export's graph checks its input dtypes and may not run in another grad mode.
     A mode the model cannot run in (an op without a bfloat16 kernel) is skipped. Returns what ran.
 
     Outputs agree on random inputs also where a branch the mode takes adds a term that vanishes there
-    (a correction for repeated tokens): so each mode the forward asks about is kept, with the line that
-    asks, in ``module.meta["qlint_asked_modes"]``, and the capture traces the model in it too."""
+    (a correction for repeated tokens), and differ where the mode's branch is another safe computation
+    (a fused MLP): so where it can, the capture traces the model in the mode instead
+    (:func:`qlint.core.capture._in_modes`), and the graph there is analysed too if it differs. Those
+    modes, with the line that asks about each if the forward does, go to ``module.meta["qlint_modes"]``:
+    every mode the eager model runs in for a symbolic_trace graph (``every_mode``: cheap to trace again,
+    and a name imported before this check or a behaviour such as a factory's dtype reads a mode without
+    a query), and for another tracer the modes the forward asks about, autocast excepted (export writes
+    its casts into the graph, which cannot then be run under autocast again). The other modes are
+    compared by outputs."""
     checked = []
     draws = any(n.op == "call_function" and indeterminate(n) for n in module.graph.nodes)
     asked = asked_modes(model, inputs)
-    module.meta["qlint_asked_modes"] = []
+    module.meta["qlint_modes"] = []
     for what, family, mode, rounds in _observed_modes(training):
         if draws and mode is _float64_default:
             continue  # a seeded draw in float64 is another draw: the outputs cannot be compared
-        if rounds and family not in asked:
+        line = asked.get(family)
+        traced_there = every_mode or (line is not None and family != "autocast")
+        if rounds and line is None and not traced_there:
             continue  # no branch can read a mode the forward never asks about; rounding alone is no branch
-        ran = False
+        with mode():
+            if not _eager_runs(model, inputs):
+                continue  # the model does not run there (an op without a bfloat16 kernel): nothing to stand for
+        if traced_there:
+            module.meta["qlint_modes"].append((what, family, mode, line))
+            checked.append(f"{what} (traced there)")
+            continue
         for scale in ROUNDING_SCALES if rounds else MODE_SCALES:
             scaled = _scaled(inputs, scale)
-            with mode():
-                if not _eager_runs(model, scaled):
-                    continue  # the model does not run there (an index out of range in bfloat16): nothing to stand for
+            if scale != 1.0:
+                with mode():
+                    if not _eager_runs(model, scaled):
+                        continue  # an index out of range at this scale: nothing to stand for
             _compare_again(module, model, scaled, what + (f", inputs scaled by {scale:g}" if scale != 1.0 else ""),
                            scaled=scale != 1.0, rounding=rounds, mode=mode)
-            ran = True
-        if ran:
-            checked.append(what)
-            if family in asked:
-                module.meta["qlint_asked_modes"].append((what, family, mode, asked[family]))
-    reduced = tuple(x.to(torch.bfloat16) if isinstance(x, torch.Tensor) and x.is_floating_point() else x
-                    for x in inputs)
-    if any(x is not y for x, y in zip(reduced, inputs)) and _eager_runs(model, reduced):
-        widened = tuple(r.to(x.dtype) if r is not x else x for r, x in zip(reduced, inputs))  # the same values
-        _compare_again(module, model, widened, "on bfloat16 inputs (which the model accepts)", rounding=True,
-                       eager_inputs=reduced)
-        checked.append("on bfloat16 inputs")
+        checked.append(what)
+    for what, recast, rounds in _INPUT_FORMS:
+        recast_inputs = tuple(recast(x) if isinstance(x, torch.Tensor) and x.is_floating_point() else x
+                              for x in inputs)
+        if all(x is y for x, y in zip(recast_inputs, inputs)) or not _eager_runs(model, recast_inputs):
+            continue  # no input takes the form, or the model does not accept it: nothing to stand for
+        # the graph on the same values in the example's form (an export's graph may check dtypes and strides)
+        same_values = tuple(r.to(x.dtype).contiguous() if r is not x else x for r, x in zip(recast_inputs, inputs))
+        _compare_again(module, model, same_values, f"on {what} (which the model accepts)", rounding=rounds,
+                       eager_inputs=recast_inputs)
+        checked.append(f"on {what}")
     return checked
+
+
+def _transposed(x: torch.Tensor) -> torch.Tensor:
+    """The same values, laid out transposed in memory (a view of a transposed copy): not contiguous."""
+    return x.transpose(-1, -2).contiguous().transpose(-1, -2) if x.dim() >= 2 and x.shape[-1] > 1 else x
+
+
+def _channels_last(x: torch.Tensor) -> torch.Tensor:
+    return x.contiguous(memory_format=torch.channels_last) if x.dim() == 4 and x.shape[1] > 1 else x
+
+
+# the forms of its floating inputs a forward can read (x.dtype, x.is_contiguous(), a memory format): what,
+# the input in that form, whether the outputs then agree only to a reduced precision's rounding
+_INPUT_FORMS = (
+    ("bfloat16 inputs", lambda x: x.to(torch.bfloat16), True),
+    ("float16 inputs", lambda x: x.to(torch.float16), True),
+    ("non-contiguous inputs", _transposed, False),
+    ("channels-last inputs", _channels_last, False),
+)
 
 
 def _scaled(inputs: tuple, scale: float) -> tuple:

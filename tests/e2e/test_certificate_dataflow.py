@@ -43,7 +43,9 @@ EXPECTED: dict[str, tuple[str, object]] = {  # factory: (verdict, max q)
     "stem_update_linear": ("certified", 1.0),
     "rotary": ("certified", 0.0),  # the stream of one q 0 block; the certified head (a cat of its halves) is no velocity
     "head_square": ("supercritical", 2.0),
-    **{f"reads_{m}": ("failed", None) for m in dataflow.MODES},
+    **{f"reads_{m}": ("supercritical", 2.0) for m in dataflow.GLOBAL_MODES},  # traced in the mode: its graph squares
+    "reads_input_dtype": ("failed", None),
+    "reads_call_counter": ("failed", None),
     "reads_nothing": ("certified", 1.0),
     "sets_a_flag_once": ("certified", 1.0),
     "no_bfloat16_kernel": ("certified", 1.0),
@@ -64,11 +66,6 @@ EXPECTED: dict[str, tuple[str, object]] = {  # factory: (verdict, max q)
     "inference_fused_mlp": ("certified", 1.0),
 }
 REFUSED_BECAUSE = {  # what the one-line reason of each refused model names
-    "reads_inference_mode": "in inference mode",
-    "reads_grad_disabled": "with gradients off",
-    "reads_autocast": "under CPU autocast",
-    "reads_default_dtype": "float64 as the default dtype",
-    "reads_deterministic": "deterministic algorithms",
     "reads_input_dtype": "bfloat16 inputs",
     "reads_call_counter": "state kept across calls",
     "reads_float_held_value": "reads the value of the buffer `mix` in Python at",
@@ -136,12 +133,24 @@ def test_a_supercritical_head_sets_max_q(report):
 
 
 def test_the_check_names_the_modes_it_ran(report):
+    """A symbolic_trace graph is traced again in every mode (cheap); an export graph is compared by
+    outputs, and under autocast only where the forward asks about it (bfloat16's rounding is no branch)."""
     check = report["reads_nothing"]["graph_check"]
-    for mode in ("in inference mode", "float64 as the default dtype",
-                 "deterministic algorithms", "on bfloat16 inputs", "3 successive calls"):
+    for mode in ("in inference mode (traced there)", "float64 as the default dtype (traced there)",
+                 "deterministic algorithms (traced there)", "under CPU autocast (bfloat16) (traced there)",
+                 "on bfloat16 inputs", "3 successive calls"):
         assert mode in check
-    # autocast is compared only to bfloat16's rounding, so only where the forward asks about it
-    assert "autocast" not in check
+    exported = report["one_token_skips_mixing"]["graph_check"]
+    assert "in inference mode" in exported and "traced there" not in exported and "autocast" not in exported
+
+
+@pytest.mark.parametrize("mode, what", [("inference_mode", "in inference mode"), ("grad_disabled", "with gradients off"),
+                                        ("autocast", "under CPU autocast (bfloat16)"),
+                                        ("default_dtype", "with float64 as the default dtype"),
+                                        ("deterministic", "with deterministic algorithms")])
+def test_a_branch_on_a_mode_is_analysed_in_that_mode_with_the_line_that_asks(report, mode, what):
+    modes = report[f"reads_{mode}"]["modes"]
+    assert "fixtures/dataflow.py:" in modes and f"traced and analysed {what} too (supercritical)" in modes
 
 
 def test_a_size_1_branch_is_traced_and_analysed_there(report):
@@ -175,7 +184,7 @@ def test_a_held_read_is_followed_through_ops_and_not_confused_with_literals_or_i
     """The read of (config["aux"] * 2 + 1) is traced back through two ops to the held tensor; a literal
     built in the forward (torch.tensor(0.5)) and a value of the input are not held tensors (the tracers see
     an input's reads themselves)."""
-    from qlint.core.value_reads import held_value_read
+    from qlint.core.eager_record import record
 
     class Reads(torch.nn.Module):
         def __init__(self, what):
@@ -190,9 +199,9 @@ def test_a_held_read_is_followed_through_ops_and_not_confused_with_literals_or_i
             return x * float(self.scale.exp())  # a plain tensor attribute
 
     x = (torch.randn(2, 3),)
-    assert held_value_read(Reads("literal"), x) is None
-    assert held_value_read(Reads("input"), x) is None
-    read = held_value_read(Reads("attribute"), x)
+    assert record(Reads("literal"), x).read is None
+    assert record(Reads("input"), x).read is None
+    read = record(Reads("attribute"), x).read
     assert read is not None and read.what.startswith("a float tensor held outside")
     assert "float(self.scale.exp())" in read.where
 

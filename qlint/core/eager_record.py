@@ -1,0 +1,277 @@
+"""What one eager forward shows that a traced graph cannot: reads of held values into Python, and
+the ops the model runs.
+
+A graph records tensor ops; a value read into Python (``if float(self.mix) != 0``, ``w.item()``,
+``.tolist()``) is not an op: the graph holds the value the tensor had while it was traced, and the
+path that value took. For an input, a tracer sees the read (symbolic_trace and export stop there,
+make_fx names it). For a tensor the model holds -- a parameter reached around fx's proxies, a
+floating-point buffer, a tensor in a closure, a global or a plain attribute -- symbolic_trace and
+export read the real value silently. A float buffer or held tensor is a parameter (a training loop
+may ramp a mixing weight from 0 to 1), so such a read certifies one value only.
+
+This follows values, not spellings: one eager forward under a dispatch mode marks every tensor
+computed from a held float tensor, whatever ops it went through, and a read of a marked value is
+reported with its line. Shapes, literals, integer and bool tensors (sizes, masks, counters) are
+constants; a float computed from them only (Mimi's padding from integer buffers) is one too.
+
+The same forward counts the ops the model runs. A forward that notices it is traced (``is_fx_tracing()``,
+a Proxy or fake tensor argument, ``torch.compiler.is_compiling()``) can leave a term out of the graph
+that is 0 on every input compared; the graph, run on the example, must then run every op the model
+ran (:func:`missing_ops`).
+"""
+
+from __future__ import annotations
+
+import linecache
+import sys
+import weakref
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Any, Optional
+
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_leaves
+
+from qlint.core.graph import TORCH_DIR
+from qlint.core.trace import tensor_outputs
+
+_INPUT = "input"  # an input's value: the tracers see those reads themselves
+# ops whose result is a tensor's value in Python (item, float(), bool(), int(), torch.equal)
+_READS = {torch.ops.aten._local_scalar_dense.default, torch.ops.aten.item.default, torch.ops.aten.equal.default,
+          torch.ops.aten.is_nonzero.default}
+# ops whose output's size is set by their first argument's values (for the rest of the ops whose size
+# depends on values, by a mask, an index or a count: index, masked_select, repeat_interleave)
+_SIZE_FROM_DATA = {"nonzero", "argwhere", "unique", "_unique", "_unique2", "unique_dim", "unique_consecutive",
+                   "nonzero_static"}
+# torch.tensor(0.5) in a forward: a literal, lifted
+_LITERALS = {torch.ops.aten.lift_fresh.default, torch.ops.aten.lift_fresh_copy.default}
+# reads without an aten op: the values as Python or NumPy objects, raw memory, text
+_READING_METHODS = {torch.Tensor.tolist, torch.Tensor.numpy, torch.Tensor.__array__, torch.Tensor.__dlpack__,
+                    torch.Tensor.data_ptr, torch.Tensor.untyped_storage, torch.Tensor.storage, torch.Tensor.__repr__,
+                    torch.Tensor.__str__, torch.Tensor.__format__}
+
+
+@dataclass(frozen=True)
+class HeldRead:
+    """A read of a held float tensor's value: what was read and where."""
+
+    what: str  # "the buffer `mix`"
+    where: str  # "model.py:40 `if float(self.mix) != 0:`"
+
+
+@dataclass
+class EagerRecord:
+    """What one eager forward showed: the first read of a held value, the ops whose results reach the
+    outputs (by :func:`op_key`)."""
+
+    read: Optional[HeldRead] = None
+    ops: Counter = field(default_factory=Counter)
+    ran: bool = False  # the forward finished
+
+
+class _Dataflow(TorchDispatchMode):
+    """Records each op run with the ops whose results it read (through its arguments, and through every
+    earlier write into an argument's memory, so a write through a view counts), to count at the end the
+    ops whose results reach the outputs (:meth:`live_ops`): a mask computed only to be read into Python
+    (Hugging Face's ``mask.all()`` that an export skips) is not a path to the output."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.events: list[tuple[str, list[int]]] = []  # (op key, the events it read)
+        self.producers: dict[int, tuple[weakref.ref, int]] = {}  # id(tensor) -> (tensor, the event that made it)
+        self.writes: dict[int, list[int]] = {}  # storage -> the events that wrote into it
+
+    def producer(self, tensor: torch.Tensor) -> Optional[int]:
+        mark = self.producers.get(id(tensor))
+        return mark[1] if mark is not None and mark[0]() is tensor else None
+
+    def reads(self, tensors: list[torch.Tensor]) -> list[int]:
+        found = [self.producer(t) for t in tensors]
+        return [e for e in found if e is not None] + [e for t in tensors for e in self.writes.get(_storage(t), ())]
+
+    def made(self, tensor: torch.Tensor, event: int) -> None:
+        key = id(tensor)
+        self.producers[key] = (weakref.ref(tensor, lambda _, key=key: self.producers.pop(key, None)), event)
+
+    def run(self, func: Any, args: tuple, kwargs: dict, arguments: list[torch.Tensor]) -> Any:
+        self.events.append((op_key(func), self.reads(arguments)))
+        event = len(self.events) - 1
+        out = func(*args, **kwargs)
+        for tensor in tree_leaves(out):
+            if isinstance(tensor, torch.Tensor):
+                self.made(tensor, event)
+        for written in _written(func, args, kwargs):
+            self.writes.setdefault(_storage(written), []).append(event)
+            self.made(written, event)
+        return out
+
+    def __torch_dispatch__(self, func: Any, types: Any, args: tuple = (), kwargs: Optional[dict] = None) -> Any:
+        kwargs = kwargs or {}
+        return self.run(func, args, kwargs, [t for t in tree_leaves((args, kwargs)) if isinstance(t, torch.Tensor)])
+
+    def live_ops(self, outputs: Any) -> Counter:
+        """The ops, by :func:`op_key`, whose results reach a tensor of ``outputs``."""
+        stack = self.reads([t for t in tree_leaves(outputs) if isinstance(t, torch.Tensor)])
+        live: set[int] = set()
+        while stack:
+            event = stack.pop()
+            if event not in live:
+                live.add(event)
+                stack.extend(self.events[event][1])
+        return Counter(self.events[e][0] for e in live if self.events[e][0])
+
+
+def _written(func: Any, args: tuple, kwargs: dict) -> list[torch.Tensor]:
+    """The tensor arguments an op writes in place (``add_``'s self, an ``out=``), by its schema."""
+    out = []
+    for i, argument in enumerate(func._schema.arguments):
+        if argument.alias_info is not None and argument.alias_info.is_write:
+            value = args[i] if i < len(args) else kwargs.get(argument.name)
+            out += [t for t in tree_leaves(value) if isinstance(t, torch.Tensor)]
+    return out
+
+
+# ops that compute nothing a tracer could leave out: copies, casts, allocation, metadata, and the reads
+# a graph traced on values drops (make_fx); views are left out by their schema
+_NOT_COMPUTE = {"clone", "copy", "detach", "_to_copy", "to", "lift_fresh", "lift_fresh_copy", "_assert_tensor_metadata",
+                "_assert_scalar", "empty", "empty_like", "empty_strided", "new_empty", "new_empty_strided",
+                "_local_scalar_dense", "item", "is_nonzero", "equal", "set", "resize", "contiguous", "sym_size",
+                "sym_numel", "sym_stride", "sym_storage_offset", "_functional_assert_scalar", "zeros_like",
+                "zeros", "ones", "ones_like", "full", "full_like", "scalar_tensor", "arange", "fill", "new_zeros",
+                "new_ones", "new_full", "_unsafe_view", "alias", "lift"}
+
+
+def op_key(func: Any) -> str:
+    """The op's name as both an eager run and a functionalised graph spell it (``add_`` is ``add``; the
+    functional and no-training batch norms are one), or "" for an op that computes nothing (a view, a
+    copy, an allocation)."""
+    if getattr(func, "is_view", False):
+        return ""
+    name = func.name().split("::")[-1].split(".")[0].rstrip("_")
+    if "batch_norm" in name:
+        return "batch_norm"
+    return "" if name in _NOT_COMPUTE else name
+
+
+def missing_ops(eager: Counter, graph: Counter) -> list[str]:
+    """The ops the model ran more often than the graph, with the counts missing (``mul x2``)."""
+    return [f"`{op}` x{count - graph.get(op, 0)}" for op, count in sorted(eager.items()) if count > graph.get(op, 0)]
+
+
+def ops_run(module: torch.nn.Module, inputs: tuple) -> Counter:
+    """The ops one call of ``module`` (a graph) runs whose results reach its outputs, by :func:`op_key`."""
+    flow = _Dataflow()
+    with flow:
+        outputs = module(*inputs)
+    return flow.live_ops(outputs)
+
+
+class _Origins(_Dataflow):
+    """Records the ops run (:class:`_Dataflow`), and marks each tensor an op returns with the held float
+    tensors it was computed from."""
+
+    def __init__(self, model: torch.nn.Module, inputs: tuple) -> None:
+        super().__init__()
+        self.marks: dict[int, tuple[weakref.ref, frozenset[str]]] = {}
+        self.inputs = {_storage(x) for x in tree_leaves(inputs) if isinstance(x, torch.Tensor)}
+        self.held = {}
+        for kind, named in (("buffer", model.named_buffers()), ("parameter", model.named_parameters())):
+            for name, tensor in named:
+                self.held.setdefault(_storage(tensor), f"the {kind} `{name}`")
+        self.read: Optional[HeldRead] = None
+
+    def origins(self, tensor: torch.Tensor) -> frozenset[str]:
+        mark = self.marks.get(id(tensor))
+        if mark is not None and mark[0]() is tensor:
+            return mark[1]
+        storage = _storage(tensor)
+        if storage in self.inputs:
+            return frozenset({_INPUT})
+        if not (tensor.is_floating_point() or tensor.is_complex()):
+            return frozenset()  # a size, a mask, a counter: a constant (the graph check sees it move)
+        return frozenset({self.held.get(storage, "a float tensor held outside the module's parameters and buffers "
+                                                 "(a closure, a global, a plain attribute)")})
+
+    def note_read(self, tensors: list[torch.Tensor]) -> None:
+        """A read of a value computed from held tensors alone: one computed from an input too is a
+        proxy or a fake tensor while traced, and the tracer sees the read itself (a router's top-k)."""
+        origins = {o for t in tensors for o in self.origins(t)}
+        if origins and _INPUT not in origins and self.read is None:
+            self.read = HeldRead(sorted(origins)[0], _user_line())
+
+    def __torch_dispatch__(self, func: Any, types: Any, args: tuple = (), kwargs: Optional[dict] = None) -> Any:
+        kwargs = kwargs or {}
+        arguments = [t for t in tree_leaves((args, kwargs)) if isinstance(t, torch.Tensor)]
+        if func in _READS:
+            self.note_read(arguments)
+        elif torch.Tag.dynamic_output_shape in func.tags:  # a size set by values: by a mask's, or nonzero's data
+            self.note_read([t for i, t in enumerate(arguments)
+                            if not (t.is_floating_point() or t.is_complex())
+                            or (i == 0 and func.name().split("::")[-1] in _SIZE_FROM_DATA)])
+        origins = frozenset() if func in _LITERALS else frozenset().union(*(self.origins(t) for t in arguments))
+        out = self.run(func, args, kwargs, arguments)
+        for tensor in tree_leaves(out):
+            if isinstance(tensor, torch.Tensor):
+                key = id(tensor)
+                self.marks[key] = (weakref.ref(tensor, lambda _, key=key: self.marks.pop(key, None)), origins)
+        return out
+
+
+class _Methods(torch.overrides.TorchFunctionMode):
+    """The reads that reach no aten op (``tolist``, ``numpy``)."""
+
+    def __init__(self, origins: _Origins) -> None:
+        super().__init__()
+        self.origins_mode = origins
+
+    def __torch_function__(self, func: Any, types: Any, args: tuple = (), kwargs: Optional[dict] = None) -> Any:
+        if func in _READING_METHODS and args and isinstance(args[0], torch.Tensor) and not _torch_calls():
+            self.origins_mode.note_read([args[0]])
+        return func(*args, **(kwargs or {}))
+
+
+def record(model: torch.nn.Module, inputs: tuple) -> EagerRecord:
+    """One eager forward on ``inputs``: the first read of a value computed from held float tensors
+    alone, and the ops run (``ran`` is False when the forward fails: the tracers report that). The
+    caller runs it in the analysed grad mode and restores the model's state."""
+    origins = _Origins(model, inputs)
+    try:
+        with tensor_outputs(model), origins, _Methods(origins):  # called as the tracers call it (no cache built)
+            outputs = model(*inputs)
+    except Exception:  # noqa: BLE001  (a forward that fails here fails in the tracers too, with its reason)
+        return EagerRecord(origins.read)
+    return EagerRecord(origins.read, origins.live_ops(outputs), ran=True)
+
+
+_PLUMBING = ("/torch/overrides.py", "/torch/_tensor.py")  # how a Tensor method reaches a torch-function mode
+
+
+def _torch_calls() -> bool:
+    """Whether the method was called by torch's own code (its use of memory or text), not the model's."""
+    frame = sys._getframe(2)
+    while frame is not None and frame.f_code.co_filename.endswith(_PLUMBING):
+        frame = frame.f_back
+    return frame is not None and frame.f_code.co_filename.startswith(TORCH_DIR)
+
+
+def _storage(tensor: torch.Tensor) -> int:
+    try:
+        return tensor.untyped_storage().data_ptr()
+    except (RuntimeError, NotImplementedError):  # a tensor without storage (sparse, nested)
+        return -id(tensor)
+
+
+def _user_line() -> str:
+    """The innermost frame outside torch and qlint: ``file.py:40 `code```."""
+    frame = sys._getframe(1)
+    while frame is not None:
+        file = frame.f_code.co_filename
+        if not file.startswith(TORCH_DIR) and "/qlint/core/" not in file:
+            code = linecache.getline(file, frame.f_lineno).strip()
+            return f"{file}:{frame.f_lineno} `{code}`"
+        frame = frame.f_back
+    return "an unknown line"
+
+
+__all__ = ["EagerRecord", "HeldRead", "missing_ops", "op_key", "ops_run", "record"]
