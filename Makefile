@@ -36,8 +36,16 @@ XDIST := -n auto --maxprocesses 4 --dist loadfile
 test: $(VENV)/.installed
 	$(PY) -m pytest $(XDIST)
 
-# Before each commit (about 3 minutes): the engine, the rules and the command line, without the model
-# zoos, corpora and training runs of tests/e2e, tests/verify and tests/probe.
+# Before each commit (about 3 minutes): the algebra, the rules, the block finder, the command line and the
+# certificate mechanisms, without the model zoos, corpora, patch re-checks and training runs.
+FAST := tests/registry tests/remedies tests/cli tests/zoo tests/test_layering.py \
+	tests/ci/test_baseline.py tests/ci/test_config.py tests/ci/test_files.py tests/ci/test_formats.py \
+	tests/ci/test_suppress.py tests/ci/test_source_paths.py \
+	tests/lint/test_rule_examples.py tests/lint/test_attention.py tests/lint/test_post_ln.py \
+	tests/lint/test_placement.py tests/lint/test_rules_doc.py \
+	tests/core/test_algebra.py tests/core/test_domain.py tests/core/test_propagate.py tests/core/test_blocks.py \
+	tests/core/test_engine.py tests/core/test_relations.py tests/core/test_fixed_values.py \
+	tests/e2e/test_certificate_dataflow.py tests/e2e/test_soundness_mechanisms.py tests/e2e/test_readme.py
 test-fast: $(VENV)/.installed
 	$(PY) -m pytest $(XDIST) $(FAST)
 

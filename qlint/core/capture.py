@@ -92,13 +92,14 @@ def capture(model: torch.nn.Module, inputs: Optional[tuple], registry: Any = Non
 
 
 def _eager_ops(model: torch.nn.Module, inputs: tuple) -> Optional[Counter]:
-    """One recorded eager forward (:mod:`qlint.core.eager_record`): refuse a read of a held float
-    tensor's value in Python (every tracer would keep the path today's value took); the ops it ran,
-    which the graph must run too (None when the forward fails: the tracers report why)."""
+    """A recorded eager forward (:mod:`qlint.core.eager_record`), the second of two: refuse a read of a
+    held float tensor's value in Python (every tracer would keep the path today's value took); the ops
+    it ran, which the graph must run too (None when the forward fails: the tracers report why). The
+    second call's ops: a first call may fill a cache the traces then find (Mimi's paddings)."""
     saved, state = snapshot(model), torch.random.get_rng_state()
     try:
         with quiet(), grad_state(model.training):
-            recorded = eager_record.record(model, inputs)
+            recorded = eager_record.record(model, inputs, calls=2)
     finally:
         restore(model, saved)
         torch.random.set_rng_state(state)
@@ -196,17 +197,35 @@ def _in_modes(tracer: str, model: torch.nn.Module, module: fx.GraphModule, input
     for what, family, mode, line in module.meta.get("qlint_modes", []):
         try:
             with quiet(), grad_state(model.training), mode():
-                gradients = torch.is_grad_enabled()  # as the mode left it (inference mode turns them off): checked so
-                if _fingerprint(_traced(tracer, model, inputs, registry, reuse)) == _fingerprint(module):
-                    continue  # the same ops: the graph analysed stands for this mode too
-                other, check = _traced_and_checked(tracer, model, inputs, registry, reuse=reuse, other_modes=False,
-                                                   grad=gradients)
+                found = _traced_in_mode(tracer, model, module, inputs, registry, reuse)
         except Exception as exc:  # noqa: BLE001  (reported: the mode's graph is then a gap)
             out.append(ModeGraph(what, line or "", None, first_line(exc)))
             continue
-        out.append(ModeGraph(what, line or "", TracedGraph(module=other, tracer=tracer,
-                                                           graph_check=f"{checked}; traced {what}, it {check}")))
+        if found is not None:
+            used, other, check = found
+            out.append(ModeGraph(what, line or "", TracedGraph(module=other, tracer=used,
+                                                               graph_check=f"{checked}; traced {what}, it {check}")))
     return out
+
+
+def _traced_in_mode(tracer: str, model: torch.nn.Module, module: fx.GraphModule, inputs: Optional[tuple],
+                    registry: Any, reuse: bool) -> Optional[tuple[str, fx.GraphModule, str]]:
+    """In the mode the caller entered: None when ``tracer`` gives the same graph as ``module``, else the
+    tracer, the graph and its check, the same tracer first and the others where it fails (a branch that
+    writes in place, which symbolic_trace cannot follow). Checked in the grad mode the mode left (inference
+    mode turns gradients off). Raises the first tracer's failure when none gives a faithful graph."""
+    gradients = torch.is_grad_enabled()
+    failures = []
+    for name in [tracer] + [t for t in TRACERS if t != tracer and inputs is not None]:
+        try:
+            if name == tracer and _fingerprint(_traced(name, model, inputs, registry, reuse)) == _fingerprint(module):
+                return None  # the same ops: the graph analysed stands for this mode too
+            other, check = _traced_and_checked(name, model, inputs, registry, reuse=reuse, other_modes=False,
+                                               grad=gradients)
+            return name, other, check
+        except Exception as exc:  # noqa: BLE001  (the next tracer; the first failure is the one reported)
+            failures.append(exc)
+    raise failures[0]
 
 
 def _fingerprint(module: fx.GraphModule) -> list[tuple[str, ...]]:

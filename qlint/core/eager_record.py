@@ -76,6 +76,8 @@ class _Dataflow(TorchDispatchMode):
     ops whose results reach the outputs (:meth:`live_ops`): a mask computed only to be read into Python
     (Hugging Face's ``mask.all()`` that an export skips) is not a path to the output."""
 
+    supports_higher_order_operators = True  # torch.cond eagerly: one opaque op here (its branches run unseen)
+
     def __init__(self) -> None:
         super().__init__()
         self.events: list[tuple[str, list[int]]] = []  # (op key, the events it read)
@@ -125,7 +127,7 @@ class _Dataflow(TorchDispatchMode):
 def _written(func: Any, args: tuple, kwargs: dict) -> list[torch.Tensor]:
     """The tensor arguments an op writes in place (``add_``'s self, an ``out=``), by its schema."""
     out = []
-    for i, argument in enumerate(func._schema.arguments):
+    for i, argument in enumerate(getattr(getattr(func, "_schema", None), "arguments", ())):
         if argument.alias_info is not None and argument.alias_info.is_write:
             value = args[i] if i < len(args) else kwargs.get(argument.name)
             out += [t for t in tree_leaves(value) if isinstance(t, torch.Tensor)]
@@ -139,19 +141,34 @@ _NOT_COMPUTE = {"clone", "copy", "detach", "_to_copy", "to", "lift_fresh", "lift
                 "_local_scalar_dense", "item", "is_nonzero", "equal", "set", "resize", "contiguous", "sym_size",
                 "sym_numel", "sym_stride", "sym_storage_offset", "_functional_assert_scalar", "zeros_like",
                 "zeros", "ones", "ones_like", "full", "full_like", "scalar_tensor", "arange", "fill", "new_zeros",
-                "new_ones", "new_full", "_unsafe_view", "alias", "lift"}
+                "new_ones", "new_full", "_unsafe_view", "alias", "lift", "as_strided"}
+# one kind of computation in several kernels, of which a traced model may take another (Hugging Face's
+# experts run one grouped matmul eagerly and a loop of matmuls when compiled; attention runs a fused
+# kernel eagerly and its matmuls traced): counted together, so a graph's other kernel is no missing op
+_KINDS = {**{name: "matmul" for name in ("mm", "bmm", "addmm", "addbmm", "baddbmm", "matmul", "linear", "einsum",
+                                           "dot", "mv", "addmv", "_grouped_mm", "_scaled_grouped_mm", "_int_mm",
+                                           "grouped_mm_fallback",  # transformers' custom op
+                                           "_scaled_dot_product_flash_attention_for_cpu",
+                                           "_scaled_dot_product_efficient_attention",
+                                           "_scaled_dot_product_flash_attention", "_scaled_dot_product_cudnn_attention",
+                                           "_scaled_dot_product_attention_math", "scaled_dot_product_attention",
+                                           "_scaled_dot_product_fused_attention_overrideable")},
+          **{name: "convolution" for name in ("convolution", "_convolution", "conv2d", "conv1d", "conv3d",
+                                                "mkldnn_convolution", "_mkldnn_convolution", "cudnn_convolution",
+                                                "_slow_conv2d_forward", "slow_conv3d_forward", "thnn_conv2d",
+                                                "slow_conv_dilated2d", "slow_conv_transpose2d", "conv_transpose2d")}}
 
 
 def op_key(func: Any) -> str:
     """The op's name as both an eager run and a functionalised graph spell it (``add_`` is ``add``; the
-    functional and no-training batch norms are one), or "" for an op that computes nothing (a view, a
-    copy, an allocation)."""
-    if getattr(func, "is_view", False):
-        return ""
+    functional and no-training batch norms are one; the kernels of one kind, :data:`_KINDS`, are one),
+    or "" for an op that computes nothing (a view, a copy, an allocation)."""
+    if getattr(func, "is_view", False) or not isinstance(func, torch._ops.OpOverload):
+        return ""  # a view, or a higher-order op (torch.cond), whose branches are counted where traced
     name = func.name().split("::")[-1].split(".")[0].rstrip("_")
     if "batch_norm" in name:
         return "batch_norm"
-    return "" if name in _NOT_COMPUTE else name
+    return "" if name in _NOT_COMPUTE else _KINDS.get(name, name)
 
 
 def missing_ops(eager: Counter, graph: Counter) -> list[str]:
@@ -160,11 +177,18 @@ def missing_ops(eager: Counter, graph: Counter) -> list[str]:
 
 
 def ops_run(module: torch.nn.Module, inputs: tuple) -> Counter:
-    """The ops one call of ``module`` (a graph) runs whose results reach its outputs, by :func:`op_key`."""
+    """The ops one call of ``module`` (a graph) runs whose results reach its outputs, by :func:`op_key`.
+    Under a torch-function mode as :func:`record` is: a fast path taken only without one (nn.MultiheadAttention's
+    fused kernel) is then not taken in either."""
     flow = _Dataflow()
-    with flow:
+    with flow, _PassThrough():
         outputs = module(*inputs)
     return flow.live_ops(outputs)
+
+
+class _PassThrough(torch.overrides.TorchFunctionMode):
+    def __torch_function__(self, func: Any, types: Any, args: tuple = (), kwargs: Optional[dict] = None) -> Any:
+        return func(*args, **(kwargs or {}))
 
 
 class _Origins(_Dataflow):
@@ -205,7 +229,7 @@ class _Origins(_Dataflow):
         arguments = [t for t in tree_leaves((args, kwargs)) if isinstance(t, torch.Tensor)]
         if func in _READS:
             self.note_read(arguments)
-        elif torch.Tag.dynamic_output_shape in func.tags:  # a size set by values: by a mask's, or nonzero's data
+        elif torch.Tag.dynamic_output_shape in getattr(func, "tags", ()):  # a size set by values: a mask's, data's
             self.note_read([t for i, t in enumerate(arguments)
                             if not (t.is_floating_point() or t.is_complex())
                             or (i == 0 and func.name().split("::")[-1] in _SIZE_FROM_DATA)])
@@ -231,17 +255,20 @@ class _Methods(torch.overrides.TorchFunctionMode):
         return func(*args, **(kwargs or {}))
 
 
-def record(model: torch.nn.Module, inputs: tuple) -> EagerRecord:
-    """One eager forward on ``inputs``: the first read of a value computed from held float tensors
-    alone, and the ops run (``ran`` is False when the forward fails: the tracers report that). The
-    caller runs it in the analysed grad mode and restores the model's state."""
-    origins = _Origins(model, inputs)
-    try:
-        with tensor_outputs(model), origins, _Methods(origins):  # called as the tracers call it (no cache built)
-            outputs = model(*inputs)
-    except Exception:  # noqa: BLE001  (a forward that fails here fails in the tracers too, with its reason)
-        return EagerRecord(origins.read)
-    return EagerRecord(origins.read, origins.live_ops(outputs), ran=True)
+def record(model: torch.nn.Module, inputs: tuple, calls: int = 1) -> EagerRecord:
+    """``calls`` eager forwards on ``inputs``: the first read of a value computed from held float tensors
+    alone, in any of them, and the ops the last one ran (``ran`` is False when a forward fails: the
+    tracers report that). The caller runs it in the analysed grad mode and restores the model's state."""
+    read, ops = None, Counter()
+    for _ in range(calls):
+        origins = _Origins(model, inputs)
+        try:
+            with tensor_outputs(model), origins, _Methods(origins):  # called as the tracers call it (no cache built)
+                outputs = model(*inputs)
+        except Exception:  # noqa: BLE001  (a forward that fails here fails in the tracers too, with its reason)
+            return EagerRecord(read or origins.read)
+        read, ops = read or origins.read, origins.live_ops(outputs)
+    return EagerRecord(read, ops, ran=True)
 
 
 _PLUMBING = ("/torch/overrides.py", "/torch/_tensor.py")  # how a Tensor method reaches a torch-function mode

@@ -341,14 +341,17 @@ def probe(model: torch.nn.Module, inputs: tuple, dynamic: bool, guards: list[str
             if size == 1:
                 if runs(resized(inputs, i, {axis: 2}, seed=axis)):
                     widened.append(Other(resized(inputs, i, {axis: 2}, seed=axis), False,
-                                         f"input {i} axis {axis} of size 2 (1 in the example)"))
+                                         f"input {i} axis {axis} of size 2 (1 in the example)", collapse=True))
                 else:
                     fixed_to_one.append(f"input {i} axis {axis}")
             elif runs(resized(inputs, i, {axis: int(size) + 1}, seed=axis)):
                 unrolled.setdefault(i, set()).add(axis)
     uncovered: list[Other] = []
     tried = 0
-    for other in widened + candidates(inputs, symbolic, unrolled, Guards(inputs, names, guards)):
+    others = candidates(inputs, symbolic, unrolled, Guards(inputs, names, guards))
+    first_assumed = next((n for n, other in enumerate(others) if other.collapse), len(others))
+    # an example axis of 1 is export's own assumption too: tried first among them (a batch of one)
+    for other in others[:first_assumed] + widened + others[first_assumed:]:
         if not runs(other.inputs):
             continue
         if tried >= MAX_CANDIDATES:

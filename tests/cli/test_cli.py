@@ -159,7 +159,8 @@ def test_invalid_input_shape_is_a_usage_error(user_code):
     assert completed.returncode == 2 and "invalid --input-shape" in completed.stderr
 
 
-def test_explain_and_rules():
+def test_explain_and_rules(monkeypatch):
+    monkeypatch.setenv("COLUMNS", "200")  # the table's width (a test worker's terminal is not the user's)
     result = run("explain", "QL101")
     assert result.exit_code == 0 and "supercritical" in result.output and "Use instead" in result.output
     assert run("explain", "QL999").exit_code == 2

@@ -387,7 +387,7 @@ def test_copies_that_the_graph_check_refutes_are_traced_again_layer_by_layer(mon
 
     checked = []
 
-    def refute_copies(model, module, inputs, shape_only=False):
+    def refute_copies(model, module, inputs, shape_only=False, **modes):
         checked.append(list(module.meta.get("qlint_replayed", [])))
         if module.meta.get("qlint_replayed"):
             raise graph_check.GraphMismatch("a copied layer differs")

@@ -64,6 +64,11 @@ EXPECTED: dict[str, tuple[str, object]] = {  # factory: (verdict, max q)
     "reads_derived_held_value": ("certified", 1.0),
     "inference_repeated_token_square": ("supercritical", 2.0),
     "inference_fused_mlp": ("certified", 1.0),
+    "notices_the_tracer_square": ("supercritical", 2.0),  # symbolic_trace refused, export's graph has the term
+    "checks_only_when_not_traced": ("certified", 1.0),
+    "non_contiguous_square": ("failed", None),
+    "dict_counter_unlock": ("failed", None),
+    "length_in_a_dict": ("certified", 1.0),
 }
 REFUSED_BECAUSE = {  # what the one-line reason of each refused model names
     "reads_input_dtype": "bfloat16 inputs",
@@ -71,6 +76,8 @@ REFUSED_BECAUSE = {  # what the one-line reason of each refused model names
     "reads_float_held_value": "reads the value of the buffer `mix` in Python at",
     "reads_tolist_held_value": "reads the value of the buffer `mix` in Python at",
     "reads_closure_held_value": "a float tensor held outside the module's parameters and buffers",
+    "non_contiguous_square": "on non-contiguous inputs",
+    "dict_counter_unlock": "the forward changes `stats`",
 }
 
 
@@ -175,6 +182,26 @@ def test_a_mode_the_forward_asks_about_is_traced_and_analysed_there(report):
         assert "`if not torch.is_inference_mode_enabled():`: traced and analysed in inference mode too " \
                f"({verdict})" in report[name]["modes"]
     assert "modes" not in report["reads_nothing"]  # asks about no mode: nothing traced again
+
+
+def test_a_path_left_out_while_traced_shows_in_the_ops_the_model_runs(report):
+    """The padding term is 0 on every input compared; the eager model runs its ops and symbolic_trace's
+    graph does not, so that graph is refused and export (which fx's flag does not stop) traces the term."""
+    model = report["notices_the_tracer_square"]
+    assert model["tracer"] == "export"
+    assert any(a.startswith("symbolic_trace: GraphMismatch: the model runs ops on the example that the graph does "
+                            "not (`add` x1, `addmm` x3") for a in model["trace_attempts"])
+    # a check read into Python reaches no output: not a path the graph must hold
+    assert report["checks_only_when_not_traced"]["tracer"] == "symbolic_trace"
+
+
+def test_tracing_leaves_no_proxy_in_a_dict_the_forward_writes():
+    """symbolic_trace writes a Proxy into ``stats``; the next trace (a mode's) would read it."""
+    model, inputs = dataflow.length_in_a_dict()
+    import qlint
+
+    assert qlint.analyze(model, inputs).verdict == "certified"
+    assert model.stats == {"calls": 0, "length": 0}
 
 
 # --- the inputs that would break each mechanism ---------------------------------------------------

@@ -260,6 +260,7 @@ def test_the_guards_cut_an_axis_into_regions_and_each_region_is_tried_once():
     assert tried == [  # export's own assumptions last, so a CNN's many size-1 regions cannot crowd out the rest
         ((1, 3, 101, 64), "input 0 axis 2 of size 101..", False),
         ((1, 3, 129, 64), "input 0 axis 2 of size 129", False),  # 2n + 1 (n + 1 = 65 is a region): past the fast path
+        ((1, 3, 1, 64), "input 0 axis 2 of size 1", True),  # no guard says 1: first of export's own assumptions
         ((1, 3, 65, 64), "input 0 axis 2 of size 65..100", True),
         ((1, 3, 32, 64), "input 0 axis 2 of size 17..32", True),
         ((1, 3, 16, 64), "input 0 axis 2 of size 3..16", True),

@@ -222,9 +222,10 @@ _DISGUISED = (
 
 @pytest.mark.parametrize("nested", [False, True])
 def test_a_model_that_disguises_itself_when_traced_is_refused(tmp_path, nested):
-    """The traced graph says q = 0, the model grows like x^2 beyond |h| = 100: the graph is
-    compared with the model at inputs scaled by 1e3 before anything is analysed, so check
-    and probe both refuse it (exit 2), with or without a submodule for the block."""
+    """The traced graph says q = 0, the model grows like x^2 beyond |h| = 100: the eager model runs ops
+    (abs, where, mul) the graph does not, and the graph is compared with the model at inputs scaled by
+    1e3, before anything is analysed; so check and probe both refuse it (exit 2), with or without a
+    submodule for the block."""
     source = _DISGUISED
     if nested:
         source = source.replace("class Block(nn.Module):", "class Inner(nn.Module):").replace(
@@ -235,7 +236,8 @@ def test_a_model_that_disguises_itself_when_traced_is_refused(tmp_path, nested):
     for args in (["check", spec, "--isolated"], ["probe", spec, "--directions", "1", "--iterations", "2", "--no-perturb"]):
         result = CliRunner().invoke(main, args)
         assert result.exit_code == 2, result.output
-        assert "could not trace" in result.stderr and "differs from the eager model's on the inputs scaled by 1000" in result.stderr
+        assert "could not trace" in result.stderr
+        assert "the model runs ops on the example that the graph does not (`abs` x1" in result.stderr
 
 
 def _write(tmp_path, source: str) -> str:
