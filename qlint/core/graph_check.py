@@ -40,7 +40,12 @@ def shape_coverage(model: torch.nn.Module, module: fx.GraphModule, inputs: Optio
 
 def computes(model: torch.nn.Module, module: fx.GraphModule, inputs: tuple) -> bool:
     """Whether the graph runs on ``inputs`` and gives the eager model's output there (in the
-    analysed mode's grad state; the model's state and the RNG are restored)."""
+    analysed mode's grad state; the model's state and the RNG are restored). Not run where an input
+    has size 1 on an axis the graph fixed to another size, or another size where it fixed 1: sizes
+    baked into its ops (a padding, an LSTM's initial state for a batch of one) can abort the process
+    there instead of raising, and such a graph does not stand for that size."""
+    if _crosses_one_on_a_fixed_axis(module, inputs):
+        return False
     saved, state = snapshot(model), torch.random.get_rng_state()
     try:
         with quiet(), grad_state(model.training):
@@ -51,6 +56,16 @@ def computes(model: torch.nn.Module, module: fx.GraphModule, inputs: tuple) -> b
     finally:
         restore(model, saved)
         torch.random.set_rng_state(state)
+
+
+def _crosses_one_on_a_fixed_axis(module: fx.GraphModule, inputs: tuple) -> bool:
+    placeholders = [n.meta.get("val") for n in module.graph.nodes if n.op == "placeholder"]
+    values = [x for x in inputs if isinstance(x, torch.Tensor)]
+    traced = [v for v in placeholders if isinstance(v, torch.Tensor)]
+    if len(traced) != len(values):
+        return False
+    return any(isinstance(fixed, int) and size != fixed and 1 in (size, fixed)
+               for value, graph_value in zip(values, traced) for size, fixed in zip(value.shape, graph_value.shape))
 
 
 def eager_failure(model: torch.nn.Module, inputs: tuple) -> Optional[BaseException]:
