@@ -55,6 +55,7 @@ EXPECTED: dict[str, tuple[str, object]] = {  # factory: (verdict, max q)
     "frozen_statistics": ("certified", 1.0),
     "bool_flag_on": ("supercritical", 2.0),
     "bool_flag_off": ("certified", 1.0),  # where/masked_fill by a constant condition select one value
+    "float_flag_off": ("supercritical", 2.0),  # a condition on a float buffer is no constant: both values count
     "one_token_square": ("supercritical", 2.0),
     "batch_of_one_square": ("supercritical", 2.0),
     "example_of_one_token_square": ("supercritical", 2.0),
