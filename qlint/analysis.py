@@ -68,6 +68,8 @@ def run(model: torch.nn.Module, inputs: Optional[tuple], *, spec: str, options: 
             analysis = _over_shapes(model, analysis, registry, spec, options)
         if traced.in_modes:
             analysis = _over_modes(model, analysis, registry, spec, options)
+        if traced.conditions:  # read by the forward on every shape and in every mode: the model's conditions
+            analysis.report.extra["conditions"] = [condition.to_dict() for condition in traced.conditions]
         analysis.options = options
         analysis.report.findings = run_checks(analysis)
         analysis.report.anchors = class_paths(model, analysis.report)

@@ -141,7 +141,7 @@ def _analyse_each(settings: Config, specs: list[tuple[str, Optional[str]]], reme
     if supervised:
         from qlint.ci.workers import Supervisor
 
-        return Supervisor(min(jobs, len(specs)), faulthandler=faulthandler).run(
+        return Supervisor(min(jobs, len(specs)), faulthandler=faulthandler, timeout=settings.timeout).run(
             _worker, [(settings, spec, remedies, key) for spec, key in specs])
     outcomes: list[Union[ModelReport, BaseException]] = []
     for spec, key in specs:

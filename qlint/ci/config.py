@@ -39,6 +39,9 @@ from qlint.loader import is_path_spec, join_spec, parse_shape, split_spec
 CONFIG_FILES = (".qlint.toml", "qlint.toml", "pyproject.toml")
 SEVERITIES = tuple(SEVERITY_RANK)  # info, warning, error
 MODES = ("train", "eval")
+# seconds one model may take (load, trace, analyse, witness) before its worker is killed: a LLaMA-2-7B config on
+# the meta device takes a few minutes on a loaded 2-core machine, a factory that hangs never ends
+DEFAULT_TIMEOUT = 1200.0
 TRACERS = ("symbolic_trace", "export", "make_fx")  # qlint.core.trace.TRACERS (which imports torch)
 try:
     from qlint.loader import DTYPES  # the dtypes --input-dtype accepts (torch-free import)
@@ -167,6 +170,7 @@ class Config:
     use_cache: bool = True
     witness: bool = True  # measure what is certified first (qlint.probe.block_witness)
     witness_budget: float = 10.0  # seconds per model
+    timeout: float = DEFAULT_TIMEOUT  # seconds a model may take in its worker process (0: no limit)
 
     def describe(self) -> str:
         """The effective settings as ``--show-settings`` prints them (ruff's ``--show-settings``)."""
@@ -192,6 +196,7 @@ class Config:
             ("primitives", ", ".join(f"{k} (q = {q:g})" for k, (q, _) in self.primitives.items()) or "none"),
             ("cache", str(self.cache_path()) if self.use_cache else "off"),
             ("witness", f"on, {self.witness_budget:g} s per model" if self.witness else "off"),
+            ("timeout", f"{self.timeout:g} s per model" if self.timeout else "none"),
         ]
         width = max(len(name) for name, _ in rows)
         return "\n".join(f"{name:<{width}}  {value}" for name, value in rows)
@@ -269,6 +274,7 @@ class Config:
         cache_dir: Optional[str | os.PathLike[str]] = None,
         witness: Optional[bool] = None,
         witness_budget: Optional[float] = None,
+        timeout: Optional[float] = None,
     ) -> Config:
         """A copy with command-line flags applied on top (None / empty = not given).
 
@@ -307,6 +313,7 @@ class Config:
             witness=self.witness if witness is None else bool(witness),
             witness_budget=self.witness_budget if witness_budget is None
                        else _seconds(witness_budget, "--witness-budget"),
+            timeout=self.timeout if timeout is None else _seconds(timeout, "--timeout"),
             use_cache=not (no_cache if no_cache is not None else _env_flag("QLINT_NO_CACHE")),
             cache_dir=Path(cache_dir or os.environ["QLINT_CACHE_DIR"]).resolve()
             if cache_dir or os.environ.get("QLINT_CACHE_DIR") else self.cache_dir,
@@ -483,6 +490,7 @@ TOP_KEYS = (
     "models", "select", "extend-select", "ignore", "fail-on", "threshold", "mode",
     "tracer", "device", "input-dtype", "input-shapes", "output-format", "baseline",
     "per-block-ignores", "per-model-ignores", "per-model", "primitives", "cache-dir", "witness", "witness-budget",
+    "timeout",
 )  # fmt: skip  (and `extend`, read before validation)
 MODEL_KEYS = ("input-shapes", "input-dtype", "device", "mode", "tracer", "threshold")
 
@@ -540,6 +548,8 @@ def parse_config(
         cfg.witness = get("witness")
     if "witness-budget" in table:
         cfg.witness_budget = _seconds(get("witness-budget"), key("witness-budget"))
+    if "timeout" in table:
+        cfg.timeout = _seconds(get("timeout"), key("timeout"))
 
     if "per-block-ignores" in table:
         raw = get("per-block-ignores")

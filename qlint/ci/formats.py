@@ -146,7 +146,10 @@ def summary_line(report: Report) -> str:
     failed = f" {_plural(len(report.failures), 'model')} could not be analysed." if report.failures else ""
     hidden = f" ({len(report.suppressed)} suppressed)" if report.suppressed else ""
     if not findings:
-        return (f"No findings{hidden}." if report.failures else f"All checks passed!{hidden}") + failed
+        skipped = any(m.unchecked for m in report.models if m.verdict == "certified")
+        return (f"No findings{hidden}." if report.failures else
+                f"No findings, but not every check ran (see the verdicts){hidden}." if skipped else
+                f"All checks passed!{hidden}") + failed
     parts = [
         _plural(report.count(sev), sev)
         for sev in ("error", "warning", "info")

@@ -222,27 +222,21 @@ def _remedies(block: Block) -> str:
 
 
 def _positions(record: dict[str, Any]) -> dict[int, tuple[float, float]]:
-    """Pixel centres of the nodes: one row per topological generation, top to bottom (networkx)."""
+    """Pixel centres of the nodes: one row per topological generation, top to bottom, each row centred
+    (networkx's generations; no layout routine, whose numpy a plain install need not have)."""
     import networkx as nx
 
     dag = nx.DiGraph()
     dag.add_nodes_from(range(len(record["nodes"])))
     dag.add_edges_from(tuple(edge) for edge in record["edges"])
-    generations = list(nx.topological_generations(dag))
+    generations = [sorted(members) for members in nx.topological_generations(dag)]
+    widest = max(len(members) for members in generations)
+    at = {}
     for layer, members in enumerate(generations):
-        for node in members:
-            dag.nodes[node]["layer"] = layer
-    layout = nx.multipartite_layout(dag, subset_key="layer", align="horizontal")
-    xs, ys = [float(p[0]) for p in layout.values()], [float(p[1]) for p in layout.values()]
-    width = (max(len(members) for members in generations) - 1) * COLUMN
-    height = (len(generations) - 1) * ROW
-
-    def scaled(value: float, low: float, high: float, span: float) -> float:
-        return span * (value - low) / (high - low) if high > low else span / 2
-
-    return {node: (MARGIN + NODE_WIDTH / 2 + scaled(float(x), min(xs), max(xs), width),
-                   MARGIN + NODE_HEIGHT / 2 + scaled(float(y), min(ys), max(ys), height))
-            for node, (x, y) in layout.items()}
+        indent = (widest - len(members)) * COLUMN / 2
+        for i, node in enumerate(members):
+            at[node] = (MARGIN + NODE_WIDTH / 2 + indent + i * COLUMN, MARGIN + NODE_HEIGHT / 2 + layer * ROW)
+    return at
 
 
 def derivation_svg(record: dict[str, Any], ids: str) -> str:

@@ -182,7 +182,7 @@ def model_renderable(model: ModelReport, *, show_all_derivations: bool = False) 
     hidden = (f", {len(model.suppressed)} finding(s) suppressed "
               f"({', '.join(sorted({f.suppression or '' for f in model.suppressed}))})" if model.suppressed else "")
     parts.append(
-        Text(f"{model.spec}: {summary}, max q = {q} over {len(model.blocks)} blocks{share}{hidden}\n",
+        Text(f"{model.spec}: {_qualified(model)}, max q = {q} over {len(model.blocks)} blocks{share}{hidden}\n",
              style=STATUS_STYLE.get(_status_of(summary), ""))
     )
     linear = sum(1 for block in model.blocks if block.q == 1)
@@ -191,6 +191,27 @@ def model_renderable(model: ModelReport, *, show_all_derivations: bool = False) 
                           f"multiply the stream by up to (1 + c)^{linear} (Remark 6); qlint.monitor measures c "
                           "during training\n", style="dim"))
     return Group(*parts)
+
+
+def _qualified(model: ModelReport) -> str:
+    """The verdict with what it rests on where that is less than a full check: the process state the
+    forward reads ("uncertified: certified for the environment variable FAST (unset here) only", QL109)
+    and the checks that did not run (the graph against the model, the witness)."""
+    text = model.verdict
+    conditions = "; ".join(c["what"] for c in model.conditions)
+    if conditions:
+        text += f": certified for {conditions} only" if _proved(model) else f" (for {conditions})"
+    unchecked = model.unchecked
+    if unchecked and _proved(model):
+        text += f"; not checked: {', '.join(unchecked)}"
+    return text
+
+
+def _proved(model: ModelReport) -> bool:
+    """Every block and transition bounded and covered: certified, or certified but for its conditions."""
+    return model.verdict == "certified" or (bool(model.conditions) and model.verdict == "uncertified"
+                                            and not model.uncovered
+                                            and all(p.status == "ok" for p in [*model.blocks, *model.transitions]))
 
 
 def _status_of(verdict: str) -> str:
@@ -244,6 +265,9 @@ def print_report(report: Report, console: Optional[Console] = None, *, show_all_
                            style="bold red" if errors else "yellow"))
     elif report.failures:
         console.print(Text(f"No findings ({infos} info{hidden}).{failed}", style="bold red"))
+    elif any(m.unchecked for m in report.models if m.verdict == "certified"):
+        console.print(Text(f"No findings, but not every check ran (see the verdict lines) ({infos} info{hidden}).",
+                           style="yellow"))
     else:
         console.print(Text(f"All checks passed ({infos} info{hidden}).", style="bold green"))
 

@@ -229,9 +229,10 @@ class Supervisor:
     result in order: the function's return value, or :class:`WorkerDied` for a task whose worker
     died (the caller names the task: this class knows nothing of models)."""
 
-    def __init__(self, size: int, *, faulthandler: bool = False) -> None:
+    def __init__(self, size: int, *, faulthandler: bool = False, timeout: float = 0.0) -> None:
         self.size = max(1, size)
         self.faulthandler = faulthandler
+        self.timeout = timeout  # seconds a task may run before its worker is killed (0: no limit)
         self._processes: list[subprocess.Popen] = []
         self._lock = threading.Lock()
         self._stopping = False
@@ -267,10 +268,15 @@ class Supervisor:
                         if outcome is not _DEAD:
                             break
                         phase = getattr(process, "qlint_phase", "starting")
-                        outcome = WorkerDied(death_message(process.wait(), phase))
+                        returncode = process.wait()
+                        outcome = WorkerDied(
+                            f"it did not finish within {self.timeout:g} s (the per-model timeout: --timeout, or "
+                            f"`timeout` in the config) and was stopped while {phase}"
+                            if getattr(process, "qlint_timed_out", False) else death_message(returncode, phase))
                         process = None  # the next task gets a fresh worker
-                        if phase != "starting" or self._stopping:
-                            break  # it died in the model's code; before that, the task is tried once more
+                        if phase != "starting" or self._stopping or isinstance(outcome, WorkerDied) and \
+                                "per-model timeout" in str(outcome):
+                            break  # it died in the model's code, or ran out of time; else it is tried once more
                     with done:
                         if outcome is _INTERRUPT:
                             interrupted.append(index)
@@ -358,6 +364,27 @@ class Supervisor:
             _send(process.stdin, pickle.dumps(task, protocol=pickle.HIGHEST_PROTOCOL))  # type: ignore[arg-type]
         except OSError:
             return _DEAD
+        timer = threading.Timer(self.timeout, self._time_out, (process,)) if self.timeout else None
+        if timer is not None:
+            timer.daemon = True
+            timer.start()
+        try:
+            return self._result(process)
+        finally:
+            if timer is not None:
+                timer.cancel()
+
+    @staticmethod
+    def _time_out(process: subprocess.Popen) -> None:
+        """Stop a worker whose task ran past the timeout: the model is reported as that, the run goes on."""
+        process.qlint_timed_out = True  # type: ignore[attr-defined]
+        try:
+            process.kill()
+        except OSError:
+            pass
+
+    @staticmethod
+    def _result(process: subprocess.Popen) -> Any:
         while True:
             try:
                 kind, value = pickle.loads(_receive(process.stdout))  # type: ignore[arg-type]

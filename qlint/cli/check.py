@@ -102,6 +102,8 @@ def _codes(values: tuple[str, ...]) -> Optional[list[str]]:
               help="Do not measure the certified blocks and the model before certifying them (the witness, QL107).")
 @click.option("--witness-budget", type=click.FloatRange(min=0), default=None, metavar="SECONDS",
               help="Seconds the witness may spend on one model (default: 10).")
+@click.option("--timeout", type=click.FloatRange(min=0), default=None, metavar="SECONDS",
+              help="Seconds one model may take before it is stopped and reported as failed (default: 1200; 0: none).")
 @click.option("--traceback", "show_traceback", is_flag=True, help="Show the Python traceback of a failure.")
 def command(
     specs: tuple[str, ...],
@@ -140,6 +142,7 @@ def command(
     cache_dir: Optional[str],
     no_witness: Optional[bool],
     witness_budget: Optional[float],
+    timeout: Optional[float],
     show_traceback: bool,
 ) -> None:
     """Trace each SPEC (path/model.py:build_model or pkg.module:attr) and certify its blocks.
@@ -154,7 +157,7 @@ def command(
             fail_on=fail_on, threshold=threshold, mode=mode, tracer=tracer, device=device,
             input_dtype=input_dtype, input_shapes=list(input_shapes) or None,
             output_format=output_format, baseline=baseline, no_cache=no_cache, cache_dir=cache_dir,
-            witness=None if no_witness is None else not no_witness, witness_budget=witness_budget,
+            witness=None if no_witness is None else not no_witness, witness_budget=witness_budget, timeout=timeout,
         )  # fmt: skip
         if show_settings:
             click.echo(config.describe())

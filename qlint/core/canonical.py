@@ -14,6 +14,10 @@ on ``mean`` only. Two rewrites make the graph say so, each exact for every value
 
 The ones are ``ones_like`` / ``ones`` / ``new_ones`` or a ``full`` of 1, read through plumbing. A
 mask passed in as an input is not rewritten: its entries are not known.
+
+A third rewrite cancels a value against itself: ``a - b`` -> ``zeros_like(a)`` when b is a, or an exact
+copy of it (``detach``, ``clone``, ``alias``, ``contiguous``; not a cast, which rounds): a straight-through
+term ``f - f.detach()`` is 0 on every input, whatever f's exponent, and carries only f's gradient.
 """
 
 from __future__ import annotations
@@ -36,8 +40,9 @@ def simplify(module: fx.GraphModule) -> int:
     for node in list(module.graph.nodes):
         if "qlint" not in node.meta or node.op != "call_function":
             continue
-        replacement = (_unmasked(node, replaced) if op_name(node) == "mul" else _mean(node, module.graph, replaced)
-                       if op_name(node) == "div" else None)
+        name = op_name(node)
+        replacement = (_unmasked(node, replaced) if name == "mul" else _mean(node, module.graph, replaced)
+                       if name == "div" else _cancelled(node, module.graph, replaced) if name == "sub" else None)
         if replacement is not None:
             node.replace_all_uses_with(replacement)
             replaced[node] = replacement
@@ -87,6 +92,34 @@ def _mean(node: fx.Node, graph: fx.Graph, replaced: dict) -> Optional[fx.Node]:
                                    (summed, list(dims) if isinstance(dims, (list, tuple)) else [dims], True))
     mean.meta.update({k: v for k, v in node.meta.items() if k != "qlint"})
     return mean
+
+
+# ops whose result is their input's value exactly (a detach keeps the value and drops the gradient)
+_EXACT_COPIES = frozenset({"detach", "clone", "alias", "contiguous", "lift_fresh_copy", "lift_fresh", "positive"})
+
+
+def _cancelled(node: fx.Node, graph: fx.Graph, replaced: dict) -> Optional[fx.Node]:
+    """``zeros_like(a)`` for ``a - copy(a)`` (alpha 1) whose result has a's shape."""
+    a, b = _argument(node, "input", replaced), _argument(node, "other", replaced)
+    alpha = _argument(node, "alpha")
+    if alpha not in (None, 1) or not (isinstance(a, fx.Node) and isinstance(b, fx.Node)):
+        return None
+    if _original(a, replaced) is not _original(b, replaced) or shape_of(a) is None or shape_of(a) != shape_of(node):
+        return None
+    with graph.inserting_after(node):
+        zeros = graph.call_function(torch.ops.aten.zeros_like.default, (a,))
+    zeros.meta.update({k: v for k, v in node.meta.items() if k != "qlint"})
+    return zeros
+
+
+def _original(value: fx.Node, replaced: dict) -> fx.Node:
+    """The value an exact copy chain starts from."""
+    while "qlint" in value.meta and op_name(value) in _EXACT_COPIES:
+        source = _argument(value, "input", replaced)
+        if not isinstance(source, fx.Node):
+            break
+        value = source
+    return value
 
 
 def _ones(value: Any) -> bool:

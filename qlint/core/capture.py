@@ -18,8 +18,8 @@ When every tracer fails, :func:`explain` says in one line which construct stoppe
 
 from __future__ import annotations
 
+import functools
 import traceback
-from collections import Counter
 from typing import Any, Optional
 
 import torch
@@ -30,6 +30,7 @@ from qlint.core import reuse as layer_reuse
 from qlint.core.graph import TORCH_DIR
 from qlint.core.graph_check import GraphMismatch, compare_with_eager, eager_failure, shape_coverage
 from qlint.core.ops import declared_name
+from qlint.core.process_state import environment_set
 from qlint.core.trace import (ModeGraph, TraceFailure, TracedGraph, ValueSpecialised, export_module, first_line,
                               grad_state, has_meta, is_hugging_face, make_fx_module, non_finite_parameters, quiet,
                               redefining_tensor, restore, snapshot, symbolic_trace_module)
@@ -85,21 +86,33 @@ def capture(model: torch.nn.Module, inputs: Optional[tuple], registry: Any = Non
                            "--device meta)")
     held = _attributes(model)
     try:
-        eager_ops = _eager_ops(model, inputs) if inputs is not None and not has_meta(model, inputs) else None
-        return _first_faithful(model, inputs, registry, prefer, reuse, shapes_too, eager_ops)
+        recorded = _recorded(model, inputs) if inputs is not None and not has_meta(model, inputs) else None
+        traced = _first_faithful(model, inputs, registry, prefer, reuse, shapes_too, recorded)
+        if recorded is not None:
+            traced.conditions = recorded.conditions
+            traced.in_modes += _in_modes(traced.tracer, model, traced.module, inputs, registry, reuse,
+                                         traced.graph_check, _environment_modes(recorded.environment_changing))
+        return traced
     finally:
         _restore_attributes(model, held)
 
 
-def _eager_ops(model: torch.nn.Module, inputs: tuple) -> Optional[Counter]:
-    """A recorded eager forward (:mod:`qlint.core.eager_record`), the second of two: refuse a read of a
-    held float tensor's value in Python (every tracer would keep the path today's value took); the ops
-    it ran, which the graph must run too (None when the forward fails: the tracers report why). The
-    second call's ops: a first call may fill a cache the traces then find (Mimi's paddings)."""
+def _recorded(model: torch.nn.Module, inputs: tuple) -> eager_record.EagerRecord:
+    """Two recorded eager forwards (:mod:`qlint.core.eager_record`): refuse a read of a held float tensor's
+    value in Python (every tracer would keep the path today's value took); the ops the second ran, which
+    the graph must run too (a first call may fill a cache the traces then find: Mimi's paddings), and what
+    they read from the process around the model (the certificate's conditions)."""
     saved, state = snapshot(model), torch.random.get_rng_state()
     try:
         with quiet(), grad_state(model.training):
             recorded = eager_record.record(model, inputs, calls=2)
+
+            def again() -> eager_record.EagerRecord:
+                restore(model, saved)
+                torch.random.set_rng_state(state)
+                return eager_record.record(model, inputs)
+
+            changing = eager_record.environment_changing(recorded.conditions, again)
     finally:
         restore(model, saved)
         torch.random.set_rng_state(state)
@@ -109,7 +122,8 @@ def _eager_ops(model: torch.nn.Module, inputs: tuple) -> Optional[Counter]:
                            "holds the value it had when traced and the path that value took, and training may change "
                            "it (qlint certifies for every value a float tensor the model holds may take); compute with "
                            "tensor ops (torch.where, a multiplication), or hold a constant as a Python number")
-    return recorded.ops if recorded.ran else None
+    recorded.environment_changing = changing
+    return recorded
 
 
 def _attributes(model: torch.nn.Module) -> dict[str, tuple[dict[str, Any], dict[str, Any]]]:
@@ -147,7 +161,7 @@ def _restore_attributes(model: torch.nn.Module, held: dict[str, tuple[dict[str, 
 
 
 def _first_faithful(model: torch.nn.Module, inputs: Optional[tuple], registry: Any, prefer: Optional[str],
-                    reuse: bool, shapes_too: bool, eager_ops: Optional[Counter]) -> TracedGraph:
+                    reuse: bool, shapes_too: bool, eager: Optional[eager_record.EagerRecord]) -> TracedGraph:
     """Each tracer in turn (``prefer``: that one only) until one gives a graph the checks accept."""
     attempts: list[str] = []
     errors: list[tuple[str, BaseException]] = []
@@ -161,7 +175,7 @@ def _first_faithful(model: torch.nn.Module, inputs: Optional[tuple], registry: A
             continue
         try:
             with quiet(), grad_state(model.training):
-                module, check = _traced_and_checked(name, model, inputs, registry, reuse=reuse, eager_ops=eager_ops)
+                module, check = _traced_and_checked(name, model, inputs, registry, reuse=reuse, eager=eager)
         except Exception as exc:  # every tracer failure is reported, none is fatal here
             attempts.append(f"{name}: {first_line(exc)}")
             errors.append((name, exc))
@@ -171,7 +185,8 @@ def _first_faithful(model: torch.nn.Module, inputs: Optional[tuple], registry: A
                            replayed=list(module.meta.get("qlint_replayed", [])),
                            reuse_abandoned=module.meta.get("qlint_reuse_abandoned", ""), shapes=coverage,
                            specialised=list(module.meta.get("qlint_specialised", [])),
-                           in_modes=_in_modes(name, model, module, inputs, registry, reuse, check))
+                           in_modes=_in_modes(name, model, module, inputs, registry, reuse, check,
+                                              module.meta.get("qlint_modes", [])))
     refused = eager_failure(model, inputs) if inputs is not None and not has_meta(model, inputs) else None
     if refused is not None:
         raise TraceFailure(f"{type(model).__name__} does not run on its example inputs {shapes_of(inputs)}: "
@@ -185,16 +200,17 @@ def _first_faithful(model: torch.nn.Module, inputs: Optional[tuple], registry: A
 
 
 def _in_modes(tracer: str, model: torch.nn.Module, module: fx.GraphModule, inputs: Optional[tuple], registry: Any,
-              reuse: bool, checked: str) -> list[ModeGraph]:
-    """The model traced again, by the same tracer, in the global modes its forward may read
-    (``module.meta["qlint_modes"]``, :func:`qlint.core.graph_check._compare_in_modes`), where that
+              reuse: bool, checked: str, modes: list[tuple[str, str, Any, Optional[str]]]) -> list[ModeGraph]:
+    """The model traced again, by the same tracer, in the ``modes`` its forward may read, where that
     graph is another computation than the one analysed: its outputs may agree on every input
     compared (a branch whose term vanishes on random inputs), so the pipeline analyses it too.
 
-    Which modes: :func:`qlint.core.graph_check._compare_in_modes` chose them (every mode the model
-    runs in for a symbolic_trace graph, the modes the forward asks about for another tracer)."""
+    Which modes: the global modes :func:`qlint.core.graph_check._compare_in_modes` chose
+    (``module.meta["qlint_modes"]``: every mode the model runs in for a symbolic_trace graph, the modes
+    the forward asks about for another tracer), and an environment variable's value under which the
+    eager forward computes something else (:func:`_environment_modes`)."""
     out = []
-    for what, family, mode, line in module.meta.get("qlint_modes", []):
+    for what, family, mode, line in modes:
         try:
             with quiet(), grad_state(model.training), mode():
                 found = _traced_in_mode(tracer, model, module, inputs, registry, reuse)
@@ -206,6 +222,14 @@ def _in_modes(tracer: str, model: torch.nn.Module, module: fx.GraphModule, input
             out.append(ModeGraph(what, line or "", TracedGraph(module=other, tracer=used,
                                                                graph_check=f"{checked}; traced {what}, it {check}")))
     return out
+
+
+def _environment_modes(changing: dict[Any, str]) -> list[tuple[str, str, Any, Optional[str]]]:
+    """Each environment variable's value that changes the forward, as a mode to trace the model in."""
+    return [(f"with the environment variable {condition.name}={value!r}" if value is not None
+             else f"with the environment variable {condition.name} unset", "environment",
+             functools.partial(environment_set, condition.name, value), f"{condition.file}:{condition.line} "
+             f"`{condition.code}`") for condition, value in changing.items()]
 
 
 def _traced_in_mode(tracer: str, model: torch.nn.Module, module: fx.GraphModule, inputs: Optional[tuple],
@@ -251,13 +275,13 @@ def _traced(tracer: str, model: torch.nn.Module, inputs: Optional[tuple], regist
 
 def _traced_and_checked(tracer: str, model: torch.nn.Module, inputs: Optional[tuple], registry: Any, *,
                         reuse: bool, other_modes: bool = True, grad: Optional[bool] = None,
-                        eager_ops: Optional[Counter] = None) -> tuple[fx.GraphModule, str]:
+                        eager: Optional[eager_record.EagerRecord] = None) -> tuple[fx.GraphModule, str]:
     """Stages 2-5 for one tracer: the graph and what its check against the eager model found (under
     every global mode too, unless ``other_modes`` is off: a graph traced in one stands for it only;
-    ``grad``: compared in that grad mode, when not the analysed one; ``eager_ops``: the ops the
-    model ran on the example, which the graph must run too)."""
+    ``grad``: compared in that grad mode, when not the analysed one; ``eager``: the recorded eager forward,
+    whose ops the graph must run too)."""
     module = _traced(tracer, model, inputs, registry, reuse)
-    check = dict(shape_only=tracer == "symbolic_trace", other_modes=other_modes, grad=grad, eager_ops=eager_ops)
+    check = dict(shape_only=tracer == "symbolic_trace", other_modes=other_modes, grad=grad, eager=eager)
     try:
         return module, compare_with_eager(model, module, inputs, **check)
     except GraphMismatch:

@@ -397,6 +397,7 @@ class Growth:
     real: Optional[bool] = True
     range: Range = ANY
     culprit: Optional[str] = None
+    real_part: Range = ANY  # of a complex value: the range of its real part (1j * theta's is 0)
 
     def __post_init__(self) -> None:
         if self.real is not True and self.range != ANY:
@@ -431,7 +432,7 @@ def constant(value: object = None) -> Growth:
     if isinstance(value, bool):
         return Growth(q=0.0, depends=False, range=point(float(value)))
     if isinstance(value, complex):
-        return Growth(q=0.0, depends=False, real=False)
+        return Growth(q=0.0, depends=False, real=False, real_part=point(value.real))
     if isinstance(value, (int, float)):
         if math.isnan(value):
             return Growth(q=0.0, depends=False)

@@ -27,13 +27,14 @@ import sys
 import weakref
 from collections import Counter
 from dataclasses import dataclass, field
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 
 from qlint.core.graph import TORCH_DIR
+from qlint.core.process_state import ENVIRONMENT_VALUES, Condition, ProcessReads, environment_set, own_code
 from qlint.core.trace import tensor_outputs
 
 _INPUT = "input"  # an input's value: the tracers see those reads themselves
@@ -68,6 +69,10 @@ class EagerRecord:
     read: Optional[HeldRead] = None
     ops: Counter = field(default_factory=Counter)
     ran: bool = False  # the forward finished
+    conditions: list[Condition] = field(default_factory=list)  # what it read from the process around it
+    outputs: list[torch.Tensor] = field(default_factory=list)  # the last forward's output tensors
+    environment_changing: dict[Condition, str] = field(default_factory=dict)  # a value that changes the forward
+    reads_dtype: bool = False  # the model's own code read a tensor's dtype (it may branch on float16)
 
 
 class _Dataflow(TorchDispatchMode):
@@ -97,7 +102,8 @@ class _Dataflow(TorchDispatchMode):
         self.producers[key] = (weakref.ref(tensor, lambda _, key=key: self.producers.pop(key, None)), event)
 
     def run(self, func: Any, args: tuple, kwargs: dict, arguments: list[torch.Tensor]) -> Any:
-        self.events.append((op_key(func), self.reads(arguments)))
+        self.events.append((op_key(func) + ("+add" if _adds_a_bias(func, args, kwargs) else ""),
+                            self.reads(arguments)))
         event = len(self.events) - 1
         out = func(*args, **kwargs)
         for tensor in tree_leaves(out):
@@ -121,7 +127,7 @@ class _Dataflow(TorchDispatchMode):
             if event not in live:
                 live.add(event)
                 stack.extend(self.events[event][1])
-        return Counter(self.events[e][0] for e in live if self.events[e][0])
+        return Counter(key for e in live if self.events[e][0] for key in self.events[e][0].split("+"))
 
 
 def _written(func: Any, args: tuple, kwargs: dict) -> list[torch.Tensor]:
@@ -169,6 +175,21 @@ def op_key(func: Any) -> str:
     if "batch_norm" in name:
         return "batch_norm"
     return "" if name in _NOT_COMPUTE else _KINDS.get(name, name)
+
+
+# kernels that add their bias in the same op (addmm's self, a convolution's bias): counted as their kind and
+# an add, as ``x @ W.T + b`` written out is, so the one spelling is not missing from the other
+_WITH_BIAS = {"addmm": 0, "addbmm": 0, "baddbmm": 0, "addmv": 0, "addr": 0, "convolution": 2, "_convolution": 2,
+              "mkldnn_convolution": 2, "_mkldnn_convolution": 2, "cudnn_convolution": 2, "_slow_conv2d_forward": 2}
+
+
+def _adds_a_bias(func: Any, args: tuple, kwargs: dict) -> bool:
+    name = func.name().split("::")[-1].split(".")[0].rstrip("_") if isinstance(func, torch._ops.OpOverload) else ""
+    if name not in _WITH_BIAS or kwargs.get("beta", 1) == 0:
+        return False
+    position = _WITH_BIAS[name]
+    bias = args[position] if position < len(args) else kwargs.get("bias")
+    return isinstance(bias, torch.Tensor)
 
 
 def missing_ops(eager: Counter, graph: Counter) -> list[str]:
@@ -248,38 +269,82 @@ class _Methods(torch.overrides.TorchFunctionMode):
     def __init__(self, origins: _Origins) -> None:
         super().__init__()
         self.origins_mode = origins
+        self.reads_dtype = False
 
     def __torch_function__(self, func: Any, types: Any, args: tuple = (), kwargs: Optional[dict] = None) -> Any:
         if func in _READING_METHODS and args and isinstance(args[0], torch.Tensor) and not _torch_calls():
             self.origins_mode.note_read([args[0]])
+        elif func in _DTYPE_READS and not self.reads_dtype:
+            caller = _caller(2)
+            self.reads_dtype = caller is not None and own_code(caller.f_code.co_filename)
         return func(*args, **(kwargs or {}))
 
 
 def record(model: torch.nn.Module, inputs: tuple, calls: int = 1) -> EagerRecord:
     """``calls`` eager forwards on ``inputs``: the first read of a value computed from held float tensors
-    alone, in any of them, and the ops the last one ran (``ran`` is False when a forward fails: the
-    tracers report that). The caller runs it in the analysed grad mode and restores the model's state."""
-    read, ops = None, Counter()
+    alone, in any of them, the ops the last one ran (``ran`` is False when a forward fails: the
+    tracers report that), and what they read from the process (:mod:`qlint.core.process_state`). The
+    caller runs it in the analysed grad mode and restores the model's state."""
+    read, ops, reads_dtype = None, Counter(), False
+    process = ProcessReads(model)
     for _ in range(calls):
         origins = _Origins(model, inputs)
+        methods = _Methods(origins)
         try:
-            with tensor_outputs(model), origins, _Methods(origins):  # called as the tracers call it (no cache built)
+            # called as the tracers call it (no cache built)
+            with tensor_outputs(model), origins, methods, process:
                 outputs = model(*inputs)
         except Exception:  # noqa: BLE001  (a forward that fails here fails in the tracers too, with its reason)
-            return EagerRecord(read or origins.read)
-        read, ops = read or origins.read, origins.live_ops(outputs)
-    return EagerRecord(read, ops, ran=True)
+            return EagerRecord(read or origins.read, conditions=process.conditions)
+        read, ops, reads_dtype = read or origins.read, origins.live_ops(outputs), reads_dtype or methods.reads_dtype
+    return EagerRecord(read, ops, ran=True, conditions=process.conditions, reads_dtype=reads_dtype,
+                       outputs=[t.detach() for t in tree_leaves(outputs) if isinstance(t, torch.Tensor)])
 
 
+def environment_changing(conditions: list[Condition], again: Callable[[], EagerRecord]) -> dict[Condition, str]:
+    """For each environment variable the model's own code read (``conditions``), the first value of
+    :data:`~qlint.core.process_state.ENVIRONMENT_VALUES` under which the forward runs other ops or reaches
+    other outputs than at its value here (the model is traced there too); ``again`` records one forward
+    from the same model state and random state. Every read stays a condition: a value not tried may
+    take another path still."""
+    variables = [c for c in conditions if c.kind == "environment" and c.name]
+    here = again() if variables else None
+    changing = {}
+    for condition in variables:
+        for value in ENVIRONMENT_VALUES:
+            with environment_set(condition.name, value):
+                other = again()
+            if here is not None and here.ran and other.ran and not (
+                    other.ops == here.ops and _same(other.outputs, here.outputs)):
+                changing[condition] = value
+                break
+    return changing
+
+
+def _same(first: list[torch.Tensor], second: list[torch.Tensor]) -> bool:
+    return len(first) == len(second) and all(
+        a.shape == b.shape and a.dtype == b.dtype and torch.allclose(a, b, rtol=1e-4, atol=1e-5, equal_nan=True)
+        for a, b in zip(first, second))
+
+
+# ``x.dtype`` (as a torch-function mode sees the property), ``x.type()``, ``x.element_size()``
+_DTYPE_READS = (torch.Tensor.dtype.__get__, torch.Tensor.type, torch.Tensor.element_size)
 _PLUMBING = ("/torch/overrides.py", "/torch/_tensor.py")  # how a Tensor method reaches a torch-function mode
 
 
 def _torch_calls() -> bool:
     """Whether the method was called by torch's own code (its use of memory or text), not the model's."""
-    frame = sys._getframe(2)
+    frame = _caller(3)
+    return frame is not None and frame.f_code.co_filename.startswith(TORCH_DIR)
+
+
+def _caller(depth: int) -> Any:
+    """The frame that called the method a torch-function mode sees (past torch's dispatch plumbing), from
+    ``depth`` frames above this one (2 from the mode's ``__torch_function__``)."""
+    frame = sys._getframe(depth)
     while frame is not None and frame.f_code.co_filename.endswith(_PLUMBING):
         frame = frame.f_back
-    return frame is not None and frame.f_code.co_filename.startswith(TORCH_DIR)
+    return frame
 
 
 def _storage(tensor: torch.Tensor) -> int:
@@ -301,4 +366,4 @@ def _user_line() -> str:
     return "an unknown line"
 
 
-__all__ = ["EagerRecord", "HeldRead", "missing_ops", "op_key", "ops_run", "record"]
+__all__ = ["EagerRecord", "HeldRead", "environment_changing", "missing_ops", "op_key", "ops_run", "record"]

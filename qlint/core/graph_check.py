@@ -11,12 +11,13 @@ import contextlib
 import linecache
 import sys
 from collections import Counter
+from copy import deepcopy
 from typing import Any, Iterator, Optional
 
 import torch
 import torch.fx as fx
 
-from qlint.core import shapes
+from qlint.core import eager_record, shapes
 from qlint.core.eager_record import missing_ops, ops_run
 from qlint.core.graph import TORCH_DIR, indeterminate
 from qlint.core.trace import (argument_names, first_line, grad_state, has_meta, quiet, restore, snapshot,
@@ -32,10 +33,27 @@ def shape_coverage(model: torch.nn.Module, module: fx.GraphModule, inputs: Optio
     def runs(other: tuple) -> bool:
         return eager_failure(model, other) is None
 
+    def same_path(other: tuple) -> bool:  # the same kinds of ops (a linear on a matrix fuses its bias add)
+        theirs, here = _ops_recorded(model, other), _ops_recorded(model, inputs)
+        return theirs is not None and here is not None and set(theirs) == set(here)
+
     return shapes.probe(model, inputs, bool(module.meta.get("qlint_dynamic")),
                         list(module.meta.get("qlint_shape_guards", [])),
                         shapes.symbolic_axes(module, inputs), runs, lambda other: computes(model, module, other),
-                        argument_names(model, len(inputs)))
+                        argument_names(model, len(inputs)), same_path)
+
+
+def _ops_recorded(model: torch.nn.Module, inputs: tuple) -> Optional[Counter]:
+    """The ops one eager forward runs to its outputs (:func:`qlint.core.eager_record.record`), by kind;
+    the model's state and the RNG are restored."""
+    saved, state = snapshot(model), torch.random.get_rng_state()
+    try:
+        with quiet(), grad_state(model.training):
+            recorded = eager_record.record(model, inputs)
+        return recorded.ops if recorded.ran else None
+    finally:
+        restore(model, saved)
+        torch.random.set_rng_state(state)
 
 
 def computes(model: torch.nn.Module, module: fx.GraphModule, inputs: tuple) -> bool:
@@ -91,7 +109,7 @@ class GraphMismatch(Exception):
 
 def compare_with_eager(model: torch.nn.Module, module: fx.GraphModule, inputs: Optional[tuple], *,
                        shape_only: bool = False, other_modes: bool = True, grad: Optional[bool] = None,
-                       eager_ops: Optional[Counter] = None) -> str:
+                       eager: Optional[eager_record.EagerRecord] = None) -> str:
     """Run the graph and the eager model and compare their outputs: on the example inputs,
     on them scaled up, and with the parameters redrawn.
 
@@ -105,8 +123,8 @@ def compare_with_eager(model: torch.nn.Module, module: fx.GraphModule, inputs: O
     buffers and RNG state are restored afterwards. ``other_modes``: also under every global mode the
     forward can observe (not for a graph traced in one of them, which stands for that mode only).
     ``grad``: the grad mode to compare in, when not the analysed mode's (a graph traced without gradients).
-    ``eager_ops``: the ops the eager model ran on the example (:mod:`qlint.core.eager_record`); the graph
-    must run each as often, or it left out a path the model takes when not traced.
+    ``eager``: the recorded eager forward on the example (:mod:`qlint.core.eager_record`): the graph must run
+    each op it ran as often, or it left out a path the model takes when not traced.
     """
     if inputs is None:
         return "not compared: no example inputs"
@@ -131,8 +149,8 @@ def compare_with_eager(model: torch.nn.Module, module: fx.GraphModule, inputs: O
                 if b.numel() and not _same_tensor(b, saved[name]))
             _require_same(graph_out, first, "on the example inputs")
             _require_stateless(model, inputs, first, plain, module.meta["qlint_written_buffers"])
-            if eager_ops is not None:
-                _require_every_op(module, inputs, eager_ops)
+            if eager is not None and eager.ran:
+                _require_every_op(module, inputs, eager.ops)
             floats = any(isinstance(x, torch.Tensor) and x.is_floating_point() for x in inputs)
             if gradients and floats:  # in training every block after the first reads a value that requires grad
                 wanting = tuple(x.detach().requires_grad_(True) if isinstance(x, torch.Tensor) and x.is_floating_point()
@@ -150,8 +168,8 @@ def compare_with_eager(model: torch.nn.Module, module: fx.GraphModule, inputs: O
             for redraw in _redraws(model, saved):  # each redraw overwrites every float parameter
                 _compare_again(module, model, inputs, f"with the parameters {redraw}")
                 restore(model, saved, buffers_only=True)  # what the forward may have updated (BatchNorm's statistics)
-        modes = (_compare_in_modes(module, model, inputs, model.training, every_mode=shape_only) if other_modes
-                 else [])
+        modes = (_compare_in_modes(module, model, inputs, model.training, every_mode=shape_only,
+                                   reads_dtype=eager is None or eager.reads_dtype) if other_modes else [])
     finally:
         restore(model, saved)
         torch.random.set_rng_state(state)
@@ -341,13 +359,14 @@ MODE_SCALES, ROUNDING_SCALES = (1.0, 1e3), (1.0,)
 
 
 def _compare_in_modes(module: fx.GraphModule, model: torch.nn.Module, inputs: tuple, training: bool, *,
-                      every_mode: bool) -> list[str]:
+                      every_mode: bool, reads_dtype: bool = True) -> list[str]:
     """Compare the graph as analysed with the eager model run under every global mode the forward can
     observe, and on its floating inputs in every form a forward can read (bfloat16, float16, not
     contiguous, channels-last) where the model accepts them: the two agree unless
     the forward reads the mode (up to its rounding, for a mode that rounds). The graph stays in the
     analysed mode: an export's graph checks its input dtypes and may not run in another grad mode.
-    A mode the model cannot run in (an op without a bfloat16 kernel) is skipped. Returns what ran.
+    A mode the model cannot run in (an op without a bfloat16 kernel) is skipped. Reduced-precision copies
+    of the model are run where ``reads_dtype`` (the model's own code reads a dtype). Returns what ran.
 
     Outputs agree on random inputs also where a branch the mode takes adds a term that vanishes there
     (a correction for repeated tokens), and differ where the mode's branch is another safe computation
@@ -398,6 +417,49 @@ def _compare_in_modes(module: fx.GraphModule, model: torch.nn.Module, inputs: tu
         _compare_again(module, model, same_values, f"on {what} (which the model accepts)", rounding=True,
                        eager_inputs=recast_inputs)
         checked.append(f"on {what}")
+    if reads_dtype:  # a branch on float16 is the model's own reading of a dtype
+        checked += _reduced_precision_copies(model, inputs)
+    return checked
+
+
+MAX_COPIED_ELEMENTS = 50_000_000  # a reduced-precision copy of a larger model is not made (memory, time)
+
+
+def _reduced_precision_copies(model: torch.nn.Module, inputs: tuple) -> list[str]:
+    """A model is often run as a reduced-precision copy on inputs of that dtype (``model.half()``), where a
+    forward may branch on the dtype (a fused kernel for float16). Where the model does not take such inputs
+    itself, a copy in bfloat16 and one in float16 are run on them, and must run the kinds of ops the model
+    runs (casts and kernels of one computation are alike; counts are not compared: a bfloat16 linear
+    fuses its bias add): their outputs differ from the graph's by the copy's rounding of every weight,
+    which no tolerance separates from a branch, but their ops do not.
+    Returns what was checked; raises GraphMismatch where a copy runs other ops."""
+    floats = [x for x in inputs if isinstance(x, torch.Tensor) and x.dtype == torch.float32]
+    parameters = [p for p in [*model.parameters(), *model.buffers()] if p.is_floating_point()]
+    if not floats or not parameters or any(p.dtype != torch.float32 for p in parameters):
+        return []
+    if sum(p.numel() for p in parameters) > MAX_COPIED_ELEMENTS:
+        return [f"not on a reduced-precision copy (over {MAX_COPIED_ELEMENTS:,} parameter values)"]
+    checked, here = [], None
+    for dtype in (torch.bfloat16, torch.float16):
+        recast = tuple(x.to(dtype) if isinstance(x, torch.Tensor) and x.dtype == torch.float32 else x for x in inputs)
+        if _eager_runs(model, recast):
+            continue  # the model takes them itself: compared above
+        try:
+            copy = deepcopy(model).to(dtype)
+        except Exception as exc:  # noqa: BLE001  (an attribute that cannot be copied)
+            checked.append(f"not on a {dtype} copy ({first_line(exc)})")
+            continue
+        theirs = _ops_recorded(copy, recast)
+        if theirs is None:
+            continue  # the copy does not run (an op without a kernel in that dtype): nothing to stand for
+        here = here if here is not None else _ops_recorded(model, inputs)
+        if here is not None and set(theirs) != set(here):
+            extra, missing = sorted(set(theirs) - set(here)), sorted(set(here) - set(theirs))
+            raise GraphMismatch(f"a {str(dtype).replace('torch.', '')} copy of the model on inputs of that dtype runs "
+                                f"other ops than the model (more: {', '.join(extra) or 'none'}; fewer: "
+                                f"{', '.join(missing) or 'none'}): the forward takes another path in that dtype, "
+                                "which the graph does not show; trace the model in the dtype it runs in")
+        checked.append(f"a {str(dtype).replace('torch.', '')} copy running the same ops")
     return checked
 
 

@@ -27,7 +27,7 @@ from qlint.core.domain import ANY, CONSTANT, Growth, Range, point, unknown
 from qlint.core.graph import (GraphFacts, NodeFacts, dtype_of, facts, indeterminate, lifted_constant, run_cone,
                               shape_of, size_term, tensor_meta)
 from qlint.core.ops import Call, op_name
-from qlint.core.relations import Normalisation, OwnMaxShift, OwnShiftRatio, OwnSumRatio
+from qlint.core.relations import Normalisation, OwnMaxShift, OwnShiftRatio, OwnSumRatio, Selection
 
 Value = Any  # a Growth, or a tuple of Values for multi-output ops
 
@@ -134,7 +134,7 @@ class GrowthProp(fx.Interpreter):
             if not (isinstance(node, fx.Node) and self.from_shapes(node)):
                 self.hazards[n] = why
         if info.relation is not None:
-            value = self._relation(info.relation, value)
+            value = self._relation(n, info.relation, value)
         if isinstance(value, Growth) and value.q is None and not value.depends and n not in self.graph_facts.data:
             return self._parameter_value(n, value.culprit)
         return self._supported(n, value)
@@ -373,7 +373,7 @@ class GrowthProp(fx.Interpreter):
         culprit = next((g.culprit for g in dependent if not g.known), None)
         return Growth(algebra.compose(float(info.declared.q), q), real=None, culprit=culprit)
 
-    def _relation(self, relation: Any, computed: Value) -> Value:
+    def _relation(self, n: fx.Node, relation: Any, computed: Value) -> Value:
         if isinstance(relation, Normalisation):
             x = leading(self.env[relation.numerator])
             if x.real is not True:
@@ -385,8 +385,10 @@ class GrowthProp(fx.Interpreter):
             r = domain.interval(-relation.bound, relation.bound) if relation.bound is not None else ANY
             if relation.factor is not None:
                 g = leading(self.env[relation.factor])
-                if g.real is not True or not g.known or not g.range.bounded:
-                    return computed  # an unbounded factor: the product rule's bound stands
+                if g.real is not True or not g.known:
+                    return computed
+                if not g.range.bounded:  # |g_i x_i| / ||x|| <= B |g_i|: the factor's growth, whatever x's
+                    return Growth(g.q, depends=True, range=ANY, culprit=g.culprit)
                 top = max(abs(g.range.lo), abs(g.range.hi))
                 r = domain.interval(-relation.bound * top, relation.bound * top) \
                     if relation.bound is not None and math.isfinite(top) else ANY
@@ -401,6 +403,8 @@ class GrowthProp(fx.Interpreter):
             if x.real is True and (x.range.pos or ((relation.eps or relation.floored) and x.range.nonneg)) and x.known:
                 return Growth(0.0, depends=x.depends, range=domain.interval(0.0, 1.0))
             return computed
+        if isinstance(relation, Selection):
+            return self._selected(n, relation, computed)
         if isinstance(relation, OwnMaxShift):
             value = leading(computed)
             if value.real is True:
@@ -408,6 +412,73 @@ class GrowthProp(fx.Interpreter):
                 return Growth(value.q, depends=value.depends, range=Range(lo=r.lo, hi=0.0, below=r.below),
                               culprit=value.culprit)
         return computed
+
+
+    def _selected(self, node: fx.Node, selection: Selection, computed: Value) -> Value:
+        """``where(v > t, a, b)``: each branch propagated again from v restricted to the set where it is
+        taken (entry by entry, so only through elementwise ops from v), then combined as ``where``
+        combines (Theorem 9(ii)). Anything else keeps the transfer's value."""
+        v = leading(self.env[selection.base])
+        if not (isinstance(computed, Growth) and v.real is True and v.known and v.depends):
+            return computed
+        values = []
+        for name, taken in (("input", selection.taken), ("other", selection.left)):
+            branch = facts(node).bound.arguments.get(name)
+            if not isinstance(branch, fx.Node) or taken is None:
+                values.append(leading(self.env[branch]) if isinstance(branch, fx.Node) else domain.constant(branch))
+                continue
+            cone = _elementwise_cone(selection.base, branch, self.graph_facts.nodes)
+            if cone is None:
+                return computed
+            lo, hi, lo_open, hi_open = taken
+            r = v.range
+            restricted = Growth(v.q, depends=True, real=True, range=Range(
+                lo=max(r.lo, lo), hi=min(r.hi, hi), pos=r.pos or (lo >= 0 and (lo_open or lo > 0)),
+                neg=r.neg or (hi <= 0 and (hi_open or hi < 0)), below=r.below or lo > -math.inf,
+                above=r.above or hi < math.inf, floor=r.floor, ceil=r.ceil))
+            local = self.propagate({selection.base: restricted}, cone, self.env) if cone else {}
+            values.append(leading(local.get(branch, restricted if branch is selection.base else self.env[branch])))
+        dependent = [g for g in values if g.depends]
+        if not all(g.known for g in dependent) or not all(g.real is True for g in values):
+            return computed
+        q = max((g.q for g in dependent), default=0.0)
+        before = leading(computed)
+        if before.known and before.q <= q:
+            return computed
+        return Growth(q, depends=bool(dependent), range=domain.union(*(g.range for g in values)))
+
+
+_ENTRYWISE = frozenset({"add", "sub", "rsub", "mul", "div", "neg", "abs", "pow", "square", "sqrt", "rsqrt", "exp",
+                        "expm1", "log", "log1p", "log2", "log10", "tanh", "sigmoid", "relu", "gelu", "silu", "elu",
+                        "selu", "celu", "softplus", "sin", "cos", "clamp", "clamp_min", "clamp_max", "minimum",
+                        "maximum", "where", "to", "_to_copy", "float", "double", "type_as", "sign", "reciprocal",
+                        "erf", "floor", "ceil", "round", "trunc", "leaky_relu", "hardtanh", "mish", "atan", "asinh",
+                        "sinh", "cosh", "alias", "clone", "detach", "contiguous", "gt", "ge", "lt", "le"})
+
+
+def _elementwise_cone(base: fx.Node, target: fx.Node, ordered: list[fx.Node]) -> Optional[list[fx.Node]]:
+    """The nodes on paths from ``base`` to ``target`` in graph order (empty when target is base), when every
+    one computes entry by entry (:data:`_ENTRYWISE`: each entry of the target reads base at its own entry
+    only); None when one does not, or target does not depend on base."""
+    if target is base:
+        return []
+    above, stack = {target}, [target]  # target and its ancestors
+    while stack:
+        for parent in stack.pop().all_input_nodes:
+            if parent not in above:
+                above.add(parent)
+                stack.append(parent)
+    if base not in above:
+        return None
+    below = {base}  # descendants of base among them, in graph order
+    cone = []
+    for n in ordered:
+        if n in above and n is not base and any(p in below for p in n.all_input_nodes):
+            below.add(n)
+            cone.append(n)
+    if not all(op_name(n) in _ENTRYWISE for n in cone):
+        return None
+    return cone
 
 
 def _writes_into(user: fx.Node, target: fx.Node) -> bool:

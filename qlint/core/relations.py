@@ -19,8 +19,15 @@ are computed from, which the per-op algebra cannot see.
   softmax's argument), and so is ``s - logsumexp(s)``.
 - A **ratio to itself plus a constant** ``n / (n + c)`` with c > 0 is in [0, 1) when n >= 0
   (the capsule squash's |s|^2 / (1 + |s|^2)); checked at propagation time.
+- A **selection by a comparison** ``where(v > t, a, b)`` (``>=``, ``<``, ``<=``, ``|v| < t``) with a
+  fixed number t takes each branch only where v lies on its side of t: a branch computed from v
+  entry by entry is bounded there by its value on that half-line or interval (the written-out ELU's
+  ``exp(v) - 1`` for v <= 0, Huber's ``v**2 / 2`` for |v| < t); checked at propagation time
+  (:class:`Selection`).
 - A normalisation whose numerator is the normalised tensor times a factor (``g * x / ||x||``)
-  is bounded when the factor is: |g_i x_i| / ||x|| <= |g_i|; checked at propagation time.
+  grows as the factor does: |g_i x_i| / ||x|| <= B |g_i|, so its exponent is g's (bounded when g is,
+  with that range); checked at propagation time. x may be a detached copy in the statistic
+  (``a * g / ||g.detach()||``): a detach keeps the value.
 
 Anything not proved falls back to the generic rules (a division by a value that may
 approach 0 is then not bounded).
@@ -80,12 +87,52 @@ class OwnMaxShift:
     source: fx.Node
 
 
+@dataclass(frozen=True)
+class Selection:
+    """``where(condition, input, other)`` whose condition compares ``base`` entrywise with a fixed number:
+    ``input`` is taken only where base lies in ``taken`` (lo, hi, lo open, hi open), ``other`` only where it
+    lies in ``left`` (None: anywhere)."""
+
+    base: fx.Node
+    taken: tuple[float, float, bool, bool]
+    left: Optional[tuple[float, float, bool, bool]]
+
+
+_SIDES = {"gt": ((1, False), (0, True)), "ge": ((1, True), (0, False)),  # (side, closed) of the taken / left set
+          "lt": ((0, False), (1, True)), "le": ((0, True), (1, False))}
+
+
+def _selection(node: fx.Node) -> Optional[Selection]:
+    """The selection a ``where`` makes by comparing a value with a number (``|v| < t`` too)."""
+    if _op_name(node) != "where" or not isinstance(_arg(node, "condition"), fx.Node):
+        return None
+    condition = strip(_arg(node, "condition"))
+    name = _op_name(condition)
+    if name not in _SIDES or "qlint" not in condition.meta:
+        return None
+    base, threshold = _arg(condition, "input"), _arg(condition, "other")
+    if not (isinstance(base, fx.Node) and _is_number(threshold)):
+        return None
+    t = float(threshold)
+    (taken_side, taken_closed), (left_side, left_closed) = _SIDES[name]
+    if _op_name(base) == "abs" and isinstance(_arg(base, "input"), fx.Node):
+        if taken_side == 1 or t <= 0:
+            return None  # |v| > t leaves v unbounded on both sides; only |v| < t bounds it
+        return Selection(_arg(base, "input"), (-t, t, not taken_closed, not taken_closed), None)
+
+    def half(side: int, closed: bool) -> tuple[float, float, bool, bool]:
+        return (t, math.inf, not closed, False) if side == 1 else (-math.inf, t, False, not closed)
+
+    return Selection(base, half(taken_side, taken_closed), half(left_side, left_closed))
+
+
 def find(nodes: list[fx.Node]) -> None:
     """Record the relation proved at each node into its NodeFacts."""
     for node in nodes:
         if node.op not in ("call_function", "call_method"):
             continue
-        relation = match_normalisation(node) or _own_sum_ratio(node) or _own_shift_ratio(node) or _own_max_shift(node)
+        relation = (match_normalisation(node) or _own_sum_ratio(node) or _own_shift_ratio(node)
+                    or _own_max_shift(node) or _selection(node))
         if relation is not None:
             facts(node).relation = relation
 
@@ -518,6 +565,10 @@ def _own_sum_ratio(node: fx.Node) -> Optional[OwnSumRatio]:
     if not isinstance(numerator, fx.Node) or not isinstance(denominator, fx.Node):
         return None
     inner, eps, scale = _eps_wrapped(denominator)
+    if inner is not None and scale == 1.0 and _gathered_own_group(inner, numerator, ("sum",)):
+        return OwnSumRatio(numerator, eps)
+    if _gathered_own_group(strip(denominator), numerator, ("sum",), eps_first=True):
+        return OwnSumRatio(numerator, True)  # torch_geometric adds eps before gathering: (scatter_sum + eps)[index]
     if inner is None or scale != 1.0 or _op(inner) != "sum" or not _keeps_dims(inner):
         return None
     if strip(_arg(inner, "input")) is not numerator:
@@ -564,12 +615,66 @@ def _single_dim(node: fx.Node, default: Any) -> Optional[int]:
     return dim % len(shape)
 
 
+_INDEX_PLUMBING = frozenset({"view", "reshape", "_unsafe_view", "unsqueeze", "expand", "expand_as", "broadcast_to"})
+
+
+def _gathered_own_group(gathered: Any, values: fx.Node, reduces: tuple[str, ...], *, eps_first: bool = False) -> bool:
+    """``gathered`` is ``scatter(base, 0, index, values)`` read back at ``index`` (``index_select(0, index)``
+    or ``table[index]``), the scatter reducing by one of ``reduces`` (a graph's softmax over the edges
+    into each node, torch_geometric's): entry e reads the reduction over the entries whose index is
+    index[e], which include entry e itself. The scatter's index may be ``index`` laid along axis 0 and
+    expanded over the other axes (torch_geometric's broadcast); the base and include_self only add
+    entries to the group. ``eps_first``: the table read back is the scatter plus a number eps > 0."""
+    name = _op_name(gathered)
+    if name == "index_select" and _arg(gathered, "dim") == 0:
+        table, index = strip(_arg(gathered, "input")), _arg(gathered, "index")
+    elif name == "index" and isinstance(_arg(gathered, "indices"), (list, tuple)) and len(_arg(gathered, "indices")) == 1:
+        table, index = strip(_arg(gathered, "input")), _arg(gathered, "indices")[0]
+    elif name == "getitem" and isinstance(_arg(gathered, "index"), fx.Node):  # table[index] as symbolic_trace records it
+        table, index = strip(_arg(gathered, "input")), _arg(gathered, "index")
+    else:
+        return False
+    if eps_first:
+        table, eps, scale = _eps_wrapped(table)
+        if table is None or not eps or scale != 1.0:
+            return False
+        table = strip(table)
+    scatter = _op_name(table)
+    reduce = "sum" if scatter in ("scatter_add", "scatter_add_") else (
+        _arg(table, "reduce") if scatter in ("scatter_reduce", "scatter_reduce_") else None)
+    if reduce not in reduces or _arg(table, "dim") != 0 or strip(_arg(table, "src")) is not strip(values):
+        return False
+    if reduce == "sum" and not _zeros(_arg(table, "input")):
+        return False  # a sum scattered onto other values is not the group's own sum
+    shape, length = shape_of(values), shape_of(index)
+    if not (isinstance(index, fx.Node) and shape and length is not None and len(length) == 1
+            and shape_of(gathered) == shape and shape[0] == length[0]):
+        return False
+    laid = _arg(table, "index")
+    while isinstance(laid, fx.Node) and laid is not index and _op_name(laid) in _INDEX_PLUMBING:
+        laid_shape = shape_of(laid)
+        if not laid_shape or laid_shape[0] != length[0] or any(s != 1 and s != v for s, v in zip(laid_shape[1:],
+                                                                                             shape[1:])):
+            return False  # the index's entries must stay along axis 0, one per entry of values
+        laid = _arg(laid, "input")
+    return laid is index
+
+
+def _zeros(node: Any) -> bool:
+    node = strip(node)
+    name = _op_name(node)
+    return name in ("zeros", "zeros_like", "new_zeros") or (
+        name in ("full", "full_like", "new_full") and _arg(node, "fill_value") == 0)
+
+
 def _own_max_shift(node: fx.Node) -> Optional[OwnMaxShift]:
     if _op(node) != "sub" or _arg(node, "alpha", 1) != 1:
         return None
     source, shift = strip(_arg(node, "input")), strip(_arg(node, "other"))
     if not isinstance(source, fx.Node) or not isinstance(shift, fx.Node):
         return None
+    if _gathered_own_group(shift, source, ("amax", "max")):
+        return OwnMaxShift(source)
     # s.max(dim, keepdim=True).values is getitem(max.dim(...), 0)
     if _op(shift) == "view" and _op_name(shift) == "getitem" and facts(shift).bound.arguments.get("index") == 0:
         shift = strip(_arg(shift, "input"))

@@ -237,7 +237,29 @@ class ModelReport:
             return "uncertified"
         if any(p.status == "supercritical" for p in parts):
             return "supercritical"
-        return "certified"
+        return "uncertified" if self.conditions else "certified"
+
+    @property
+    def unchecked(self) -> list[str]:
+        """The checks this run did not give the graph: against the model (meta tensors, no example inputs),
+        the witness (``--no-witness``, meta weights). A verdict line names them; no summary says "All
+        checks passed" over them."""
+        out = []
+        if str(self.extra.get("graph_check", "")).startswith("not compared"):
+            out.append(f"graph against the model ({self.extra['graph_check'][len('not compared: '):]})")
+        witness = self.extra.get("witness")
+        if witness is None and self.failure is None:
+            out.append("witness (off)")
+        elif witness is not None and witness.startswith("not run") and "no certified block" not in witness:
+            out.append(f"witness ({witness[len('not run: '):]})")
+        return out
+
+    @property
+    def conditions(self) -> list[dict[str, Any]]:
+        """What the forward reads from the process around it that qlint cannot try every value of (an
+        environment variable, a thread-local flag: QL109) in the model's own code: a certificate holds
+        for those values only, so the verdict is uncertified ("certified for: ..." beside it)."""
+        return list(self.extra.get("conditions", []))
 
     def _repr_html_(self) -> str:
         """The HTML report of this model alone (Jupyter calls this)."""

@@ -317,11 +317,31 @@ def resized(inputs: tuple, index: int, change: dict[int, int], seed: int) -> tup
     return tuple(new.to(x.device) if j == index else y for j, y in enumerate(inputs))
 
 
+def other_ranks(inputs: tuple) -> list[tuple[tuple, str]]:
+    """The example as an unbatched input (the leading axis dropped), with what it stands for: every tensor
+    input whose leading size is the first tensor's loses it together (input ids and their mask). A graph
+    is traced at one rank; a forward may branch on another (``if x.dim() == 2``: nn.MultiheadAttention's
+    unbatched path), which no size of the example's rank shows. (A leading axis added is not tried: a
+    tokenizer's ids of rank 3 run through an embedding eagerly and fail in every tracer.)"""
+    tensors = [x for x in inputs if isinstance(x, torch.Tensor) and x.dim()]
+    if not tensors:
+        return []
+    lead = tensors[0].shape[0]
+    changes = [isinstance(x, torch.Tensor) and x.dim() > 0 and x.shape[0] == lead for x in inputs]
+    if not all(x.dim() >= 2 for x, change in zip(inputs, changes) if change):
+        return []
+    return [(tuple(x[0].clone() if change else x for x, change in zip(inputs, changes)),
+             "unbatched inputs (the leading axis dropped)")]
+
+
 def probe(model: torch.nn.Module, inputs: tuple, dynamic: bool, guards: list[str], symbolic: dict[int, set[int]],
-          runs: Callable[[tuple], bool], agrees: Callable[[tuple], bool], names: list[str]) -> ShapeCoverage:
+          runs: Callable[[tuple], bool], agrees: Callable[[tuple], bool], names: list[str],
+          same_path: Callable[[tuple], bool] = lambda other: True) -> ShapeCoverage:
     """Try other shapes: ``runs(inputs)`` says whether the eager model accepts them, ``agrees(inputs)``
     whether the graph computes the eager model's output there; ``names`` are the forward's argument
-    names, which the guards use.
+    names, which the guards use. Inputs of another rank (:func:`other_ranks`) the graph cannot run:
+    where the model accepts them and ``same_path`` says it runs other ops there than on the example,
+    they are uncovered.
 
     ``symbolic`` are the axes the exported graph keeps symbolic; every other axis of size >= 2
     is tried at n + 1 on the eager model alone first: if the model accepts it, the graph fixed
@@ -361,8 +381,17 @@ def probe(model: torch.nn.Module, inputs: tuple, dynamic: bool, guards: list[str
         tried += 1
         if not agrees(other.inputs):
             uncovered.append(other)
+    ranks = []
+    for other_inputs, where in other_ranks(inputs):
+        if runs(other_inputs):
+            ranks.append(where)
+            if not same_path(other_inputs):
+                uncovered.append(Other(other_inputs, False, where))
     parts = [f"{'dynamic' if dynamic else 'static'} export, checked against the model on {tried} other input shape(s) "
              "(size 1 and sizes >= 2)"]
+    if ranks:
+        parts.append(f"the model runs the example's ops on {' and '.join(ranks)}" if not any(
+            o.where in ranks for o in uncovered) else f"the model takes {' and '.join(ranks)} too")
     if any(symbolic.values()):
         parts.append("symbolic: " + ", ".join(f"input {i} axes {sorted(a)}" for i, a in symbolic.items() if a))
     if unrolled:
@@ -387,5 +416,5 @@ def symbolic_axes(module: Any, inputs: tuple) -> dict[int, set[int]]:
     return out
 
 
-__all__ = ["Guards", "Other", "Region", "ShapeCoverage", "automatic", "candidates", "guard_sizes", "probe", "regions",
-           "resized", "symbolic_axes"]
+__all__ = ["Guards", "Other", "Region", "ShapeCoverage", "automatic", "candidates", "guard_sizes", "other_ranks",
+           "probe", "regions", "resized", "symbolic_axes"]

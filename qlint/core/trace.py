@@ -58,6 +58,7 @@ class TracedGraph:
     example: Optional[tuple] = None  # the inputs it was traced on, when they are not the factory's
     specialised: list[str] = field(default_factory=list)  # input values read in Python, fixed to the example's
     in_modes: list["ModeGraph"] = field(default_factory=list)  # other graphs in the global modes the forward reads
+    conditions: list[Any] = field(default_factory=list)  # process state the forward reads (process_state.Condition)
 
     @property
     def graph(self) -> fx.Graph:

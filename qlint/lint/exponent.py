@@ -1,4 +1,4 @@
-"""QL101-QL106: the input-magnitude exponent of each block and transition (paper 000)."""
+"""QL101-QL109: the input-magnitude exponent of each block and transition (paper 000)."""
 
 from __future__ import annotations
 
@@ -108,6 +108,16 @@ def parameter_hazard(analysis: Analysis, rule: Rule) -> Iterable[Finding]:
         owner = owners.get(node)
         yield rule.finding(owner, source_of(node), node=node.name,
                            hazard=hazard.replace(": not finite for every parameter value", ""))
+
+
+@checker("QL109")
+def conditional(analysis: Analysis, rule: Rule) -> Iterable[Finding]:
+    from qlint.core.process_state import Condition
+
+    for condition in analysis.report.extra.get("conditions", []):
+        read = Condition(**condition)
+        yield rule.finding(None, Source(read.file, read.line) if read.line else None, what=read.what,
+                           code=read.code or "the line is not available")
 
 
 def _units_reading(analysis: Analysis) -> dict[Any, Optional[str]]:

@@ -43,7 +43,7 @@ import torch
 from qlint.core.engine import Analysis
 from qlint.core.graph import facts
 from qlint.core.trace import tensor_outputs
-from qlint.probe.measure import Trajectory, VelocityField
+from qlint.probe.measure import Trajectory, VelocityField, widen
 from qlint.probe.spectral import log_norm
 from qlint.probe.witness import AS_BUILT, directions, redraw
 
@@ -267,7 +267,18 @@ def _refute_block(residual: Any, setting: str, trajectory: Trajectory, threshold
         return None
     if not bool(torch.isfinite(stream).all()):
         return None  # an earlier block overflowed in this setting: nothing here is this block's
-    return _refute(field_, stream, threshold, f"its velocity, parameters {setting}", BLOCK_DIRECTIONS,
+    what = f"its velocity, parameters {setting}"
+    refutation = _refute(field_, stream, threshold, what, BLOCK_DIRECTIONS, drawn=setting != AS_BUILT)
+    if refutation is None or " inf or NaN at " not in refutation or stream.dtype in (torch.float64, torch.complex128):
+        return refutation
+    # inf or NaN in a narrower dtype: its range, or the map? Measured again in float64 for this block alone
+    # (redrawn weights multiply a ResNet's stream by ~50 a convolution: float32 overflows at 1e4 x the example)
+    wide = VelocityField(trajectory, residual, wide=True)
+    try:
+        wide(stream)
+    except Exception:  # noqa: BLE001  (a graph that fixed float32 in its casts: not measured wider, so it stands)
+        return refutation
+    return _refute(wide, widen(stream), threshold, what + " (in float64)", BLOCK_DIRECTIONS,
                    drawn=setting != AS_BUILT)
 
 

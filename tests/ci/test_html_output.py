@@ -166,3 +166,34 @@ def test_chromium_renders_the_ladder_and_a_derivation_graph(native, tmp_path):
     assert colours[_rgb(html_report.DOMINANT_FILL)] >= 0.6 * box  # the dominant op's box
     assert colours[_rgb(html_report.NODE_FILL["supercritical"])] >= 5 * 0.6 * box  # the supercritical ops' boxes
     assert colours[_rgb(html_report.NODE_FILL["ok"])] >= 5 * 0.6 * box
+
+
+NO_NUMPY = """
+import sys
+from importlib.abc import MetaPathFinder
+
+
+class NoNumpy(MetaPathFinder):  # a plain install: torch runs without numpy
+    def find_spec(self, name, path=None, target=None):
+        if name == "numpy" or name.startswith("numpy."):
+            raise ModuleNotFoundError(f"No module named {name!r}")
+
+
+sys.meta_path.insert(0, NoNumpy())
+from qlint.cli import main
+
+sys.exit(main(sys.argv[1:]))
+"""
+
+
+def test_the_html_report_needs_no_numpy(tmp_path):
+    """networkx lays graphs out with numpy, which a plain install (torch without extras) lacks."""
+    import sys
+
+    from conftest import ROOT
+
+    out = tmp_path / "report.html"
+    run = subprocess.run([sys.executable, "-c", NO_NUMPY, NATIVE, "--output-format", "html", "--output-file", str(out),
+                          "--no-witness", "--no-cache"], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert run.returncode == 1, run.stderr[-2000:]
+    assert "numpy" not in run.stderr and _graphs(out.read_text()) >= 1

@@ -37,6 +37,20 @@ def test_certified_model_exits_0():
                                     f"{default.output}if it is right, update this expectation")
 
 
+@pytest.mark.parametrize("flags, skipped", [
+    (("--device", "meta"), "not checked: graph against the model (meta tensors have no values), witness (the weights "
+                           "are on the meta device (no values to measure))"),
+    (("--no-witness",), "not checked: witness (off)"),
+])
+def test_a_weaker_run_says_what_it_skipped_on_the_verdict_line(flags, skipped):
+    result = run("check", fixture_spec("toy.py:lipschitz_mlp"), *flags)
+    assert result.exit_code == 0, result.output
+    assert f"lipschitz_mlp: certified; {skipped}, max q = 1" in result.output
+    assert "All checks passed" not in result.output and "No findings, but not every check ran" in result.output
+    concise = run("check", fixture_spec("toy.py:lipschitz_mlp"), *flags, "--format", "concise")
+    assert concise.output.strip().endswith("No findings, but not every check ran (see the verdicts).")
+
+
 def test_json_document_follows_the_schema():
     """About the schema, not the rule set: the rules it reads are selected, so a new rule leaves it alone."""
     result = run(fixture_spec("llama.py:without_norm"), fixture_spec("toy.py:unknown_op"), "--format", "json",

@@ -70,6 +70,25 @@ EXPECTED: dict[str, tuple[str, object]] = {  # factory: (verdict, max q)
     "non_contiguous_square": ("failed", None),
     "dict_counter_unlock": ("failed", None),
     "length_in_a_dict": ("certified", 1.0),
+    "environment_on_square": ("supercritical", 2.0),  # traced with the variable at "1" too
+    # a condition qlint cannot try every value of: certified for it only, so not certified (QL109)
+    **{name: ("uncertified", 1.0) for name in ("environment_spelled_square", "environment_logged",
+                                               "thread_local_square", "thread_local_in_closure_square",
+                                               "context_variable_square", "stack_inspection_square",
+                                               "clock_square")},
+    "unbatched_square": ("supercritical", 2.0),  # traced unbatched too
+    "unbatched_same_path": ("certified", 1.0),
+    "half_copy_square": ("failed", None),
+}
+CONDITIONS = {  # what each conditional verdict is for, and the line of fixtures/dataflow.py that reads it
+    "environment_on_square": ("the environment variable QLINT_FIXTURE_FAST (unset here)", "os.environ.get"),
+    "environment_spelled_square": ("the environment variable QLINT_FIXTURE_MODE (unset here)", "in os.environ"),
+    "environment_logged": ("the environment variable QLINT_FIXTURE_LOG (unset here)", "os.getenv"),
+    "thread_local_square": ("the thread-local `_FLAGS`", "getattr(_FLAGS"),
+    "thread_local_in_closure_square": ("the thread-local `flags`", "getattr(flags"),
+    "context_variable_square": ("the context variable `qlint_fixture_serving`", "_SERVING.get()"),
+    "stack_inspection_square": ("the call stack (who calls the model)", "inspect.stack(0)"),
+    "clock_square": ("the clock (`time.time`)", "time.time()"),
 }
 REFUSED_BECAUSE = {  # what the one-line reason of each refused model names
     "reads_input_dtype": "bfloat16 inputs",
@@ -79,6 +98,8 @@ REFUSED_BECAUSE = {  # what the one-line reason of each refused model names
     "reads_closure_held_value": "a float tensor held outside the module's parameters and buffers",
     "non_contiguous_square": "on non-contiguous inputs",
     "dict_counter_unlock": "the forward changes `stats`",
+    "half_copy_square": "a float16 copy of the model on inputs of that dtype runs other ops than the model "
+                        "(more: mul; fewer: relu)",
 }
 
 
@@ -101,6 +122,28 @@ def test_verdict_and_max_q(report, name):
 @pytest.mark.parametrize("name", list(REFUSED_BECAUSE))
 def test_a_refusal_names_the_mode_or_state(report, name):
     assert REFUSED_BECAUSE[name] in report[name]["failure"]
+
+
+@pytest.mark.parametrize("name", list(CONDITIONS))
+def test_a_condition_is_named_with_the_line_that_reads_it(report, name):
+    what, code = CONDITIONS[name]
+    (condition,) = report[name]["conditions"]
+    assert condition["what"] == what
+    assert condition["file"].endswith("fixtures/dataflow.py")
+    assert code in (ROOT / "fixtures" / "dataflow.py").read_text().splitlines()[condition["line"] - 1]
+    (finding,) = [f for f in report[name]["findings"] if f["code"] == "QL109"]
+    assert finding["severity"] == "error" and what in finding["message"]
+
+
+def test_an_environment_value_that_changes_the_forward_is_traced_and_analysed(report):
+    assert report["environment_on_square"]["modes"].endswith(
+        "traced and analysed with the environment variable QLINT_FIXTURE_FAST='1' too (supercritical)")
+
+
+def test_an_unbatched_input_on_another_path_is_traced_and_analysed(report):
+    assert "the graph differs from the model on inputs (3, 8) float32: traced and analysed there too (supercritical)" \
+        in report["unbatched_square"]["shapes"]
+    assert "the model runs the example's ops on unbatched inputs" in report["unbatched_same_path"]["shapes"]
 
 
 @pytest.mark.parametrize("spelling", dataflow.SPELLINGS)

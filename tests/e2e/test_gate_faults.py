@@ -32,6 +32,7 @@ FACTORIES = CUBIC_MODULE + textwrap.dedent(
     import os
     import signal
     import sys
+    import time
 
     print("models.py prints while it is imported")
 
@@ -97,6 +98,10 @@ FACTORIES = CUBIC_MODULE + textwrap.dedent(
 
     def exits_in_forward():
         return ExitsInForward(), (torch.randn(2, 8),)
+
+
+    def hangs():
+        time.sleep(600)  # a factory that blocks (a lock, a download that never ends)
     '''
 )
 
@@ -166,6 +171,24 @@ def test_os_exit_in_the_factory_is_the_models_failure(project):
         "before reporting a result: the model's code called os._exit(), or the interpreter crashed")
     together = qlint(project, "models.py:hard_exit", "models.py:cubic", "--format", "json")
     assert together.returncode == 1 and verdicts(together) == {"models.py:hard_exit": "failed", "models.py:cubic": "supercritical"}
+
+
+@pytest.mark.parametrize("jobs", ["1", "2"])
+def test_a_model_past_the_timeout_is_stopped_and_costs_only_itself(project, jobs):
+    run = qlint(project, "models.py:hangs", "models.py:linear", "--timeout", "20", "--format", "json", "-j", jobs)
+    assert run.returncode == 2, run.stderr
+    assert verdicts(run) == {"models.py:hangs": "failed", "models.py:linear": "certified"}
+    assert failure(run, "models.py:hangs") == (
+        "models.py:hangs: it did not finish within 20 s (the per-model timeout: --timeout, or `timeout` in the config) "
+        "and was stopped while building the model (hangs())")
+    assert errors(run) == ["qlint: error: " + failure(run, "models.py:hangs")] and "Traceback" not in run.stderr
+
+
+def test_the_timeout_is_a_config_key_too(project):
+    (project / "pyproject.toml").write_text("[tool.qlint]\ntimeout = 4\n", encoding="utf-8")
+    run = qlint(project, "models.py:hangs", "--format", "json")
+    assert run.returncode == 2 and "did not finish within 4 s" in failure(run, "models.py:hangs")
+    assert "\ntimeout            4 s per model\n" in qlint(project, "--show-settings", "models.py:linear").stdout
 
 
 @pytest.mark.parametrize("jobs", ["1", "2"])

@@ -369,6 +369,41 @@ def test_the_witness_refutes_growth_not_a_transition_or_rounding(velocity, refut
     assert (_refute(velocity, x, 1.0, "v") is not None) == refuted
 
 
+class WideGain(nn.Module):
+    """x + W2 act(W1 x) with weights of 1e17: past float32's range at 1e6 x the example, measured in float32.
+    ``act``: relu (q 1), or a square (q 2)."""
+
+    def __init__(self, square):
+        super().__init__()
+        self.square, self.w1, self.w2 = square, nn.Linear(8, 8), nn.Linear(8, 8)
+        with torch.no_grad():
+            self.w1.weight.mul_(1e17)
+            self.w2.weight.mul_(1e17)
+
+    def forward(self, x):
+        h = self.w1(x)
+        return x + self.w2(h * h if self.square else torch.relu(h))
+
+
+@pytest.mark.parametrize("square, refuted", [(False, None), (True, "(in float64)")])
+def test_the_witness_tells_a_dtypes_range_from_growth(monkeypatch, square, refuted):
+    """A graph too large for a float64 copy is measured in its float32; an inf there is measured again in
+    float64 for that block alone: a linear block that only overflows float32 is not refuted, growth still
+    is (measured on the wide block: here q 2, forced through the certificate by a declared q 1)."""
+    from qlint.probe import block_witness
+    from qlint.probe.measure import Trajectory, VelocityField
+
+    monkeypatch.setattr(block_witness, "WIDE_LIMIT", 0)
+    torch.manual_seed(0)
+    model, x = WideGain(square).eval(), torch.randn(2, 4, 8)
+    analysis = run(model, (x,), spec="wide", options=Options(witness=False))
+    (residual,) = analysis.stream.blocks
+    trajectory = Trajectory(analysis.traced.module, (x,))
+    assert not torch.isfinite(VelocityField(trajectory, residual)(1e6 * trajectory.values[residual.stream])).all()
+    found = block_witness._refute_block(residual, "as built", trajectory, 1.0)
+    assert found is None if refuted is None else refuted in found
+
+
 class RegrowingTable(nn.Module):
     """Regrows its table of positions for a longer input (as sinusoidal position embeddings do)."""
 

@@ -5,6 +5,7 @@ powers, exponentials and logarithms, clamps and selections, rounding.
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 from typing import Any, Optional
 
 from qlint.core import algebra, domain
@@ -54,7 +55,11 @@ def mul(call: Call, entry: Any) -> Any:
     same = call.node is not None and len(call.node.args) >= 2 and call.node.args[0] is call.node.args[1]
     if same and a.real is True:
         return combine_product(a, b, r=domain.square(a.range))
-    return combine_product(a, b, r=domain.mul(range_of(a), range_of(b)))
+    product = combine_product(a, b, r=domain.mul(range_of(a), range_of(b)))
+    for number, value in ((call.value("input"), b), (call.value("other"), a)):
+        if isinstance(number, complex) and value.real is True:  # Re(c t) = Re(c) t for a real t
+            return replace(product, real_part=domain.mul(domain.point(number.real), value.range))
+    return product
 
 
 @transfer("div")
@@ -217,8 +222,8 @@ def _exp_of(a: Growth, culprit: str) -> Growth:
     if not a.depends:
         return Growth(0.0, depends=False, range=domain.exp(range_of(a)) if a.real is True else ANY, real=a.real)
     if a.real is False:
-        if a.q == 0:
-            return Growth(0.0, real=False)
+        if a.q == 0 or (a.known and (a.real_part.above or math.isfinite(a.real_part.hi))):
+            return Growth(0.0, real=False)  # |exp z| = exp(Re z) <= exp(sup Re z): exp(1j * theta) has modulus 1
         return Growth(algebra.SUPERPOLYNOMIAL if a.known else None, real=False,
                       culprit=a.culprit if not a.known else "exp of a complex argument (|exp z| = exp(Re z))")
     r = domain.exp(a.range) if a.real is True else ANY

@@ -1,0 +1,245 @@
+"""What a forward reads from the process around it: facts the graph check cannot vary.
+
+The graph check runs the model in every global mode torch offers and on several inputs, but an
+environment variable, a thread-local or context-variable flag set by a serving loop, the call stack
+or the clock are outside the model and its inputs: qlint sees them at the one value this process
+has. A forward that reads one may take another path where it differs (``if os.environ.get("FAST")``),
+so a certificate holds *for* that value only: a condition, named with the line that reads it
+(:class:`Condition`), which the verdict prints ("certified for: ...") and QL109 puts before the gate.
+
+This follows what the forward runs, not its spelling: a profile function sees every Python call of one
+eager forward. An environment read is a call of ``os.environ``'s item lookup (``get``, ``in``,
+``[]``, ``os.getenv`` all reach it); a thread-local or context variable is a global, a closure cell
+or a module attribute the running code names; the stack is read by ``sys._getframe`` (what
+``inspect.stack()`` calls); the clock by ``time``'s functions. Reads by torch, the standard library,
+qlint and installed packages are theirs, not the model's (transformers' output collector and kernel
+switches are its configuration, as torch's global modes are torch's, which the graph check varies).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import contextvars
+import dis
+import functools
+import linecache
+import os
+import sys
+import sysconfig
+import threading
+import time
+import types
+from dataclasses import dataclass
+from typing import Any, Iterator, Optional
+
+from qlint.core.graph import TORCH_DIR
+
+_QLINT_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+_STDLIB = sysconfig.get_paths()["stdlib"]
+_ENVIRONMENT_LOOKUP = type(os.environ).__getitem__.__code__
+_STACK_READS = {sys._getframe, getattr(sys, "_current_frames", None)} - {None}
+# the standard library's readers of the stack for a caller (logging's and warnings' look for a line to print)
+_STACK_READERS = ("inspect.py", "traceback.py")
+_CLOCKS = {time.time, time.time_ns, time.monotonic, time.monotonic_ns, time.perf_counter, time.perf_counter_ns,
+           time.process_time, time.process_time_ns}
+_THREAD_STATE = (threading.local, contextvars.ContextVar)
+MAX_ENVIRONMENT_NAMES = 5  # a forward that copies the whole environment is one condition, not hundreds
+
+
+# the values a switch in the environment takes (unset, empty, the usual spellings of off and on): a forward that
+# reads a variable is run at each, and traced too at one that changes what it computes; other values stay unknown
+ENVIRONMENT_VALUES = (None, "", "0", "1", "false", "true")
+
+
+@dataclass(frozen=True)
+class Condition:
+    """A fact outside the model and its inputs that the forward's own code reads, and where."""
+
+    kind: str  # "environment", "thread state", "call stack", "clock"
+    what: str  # "the environment variable FAST (unset here)"
+    file: str
+    line: int
+    name: str = ""  # the environment variable's name
+
+    @property
+    def code(self) -> str:
+        return linecache.getline(self.file, self.line).strip()
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"kind": self.kind, "what": self.what, "file": self.file, "line": self.line}
+
+
+@functools.lru_cache(maxsize=4096)
+def model_code(file: str) -> bool:
+    """Code of the model's own (its package, a library it uses such as transformers), not of torch, the
+    standard library or qlint."""
+    if file.startswith(("<frozen", TORCH_DIR, _QLINT_DIR + os.sep)):
+        return False
+    return not (file.startswith(_STDLIB) and "site-packages" not in file and "dist-packages" not in file)
+
+
+class ProcessReads:
+    """A profile function over one forward that collects its :class:`Condition`s (first read of each)."""
+
+    def __init__(self, model: Any) -> None:
+        self.found: dict[tuple[str, str], Condition] = {}
+        self.names_seen: dict[Any, list[tuple[str, Any, Optional[int]]]] = {}  # code -> thread state it loads
+        self.environment: list[str] = []
+        self._held(model)
+
+    def __enter__(self) -> "ProcessReads":
+        self._previous = sys.getprofile()
+        sys.setprofile(self._event)
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        sys.setprofile(self._previous)
+
+    @property
+    def conditions(self) -> list[Condition]:
+        return list(self.found.values())
+
+    def _note(self, kind: str, what: str, frame: Optional[types.FrameType], line: Optional[int] = None,
+              name: str = "") -> None:
+        if frame is not None and (kind, what) not in self.found:
+            self.found[(kind, what)] = Condition(kind, what, frame.f_code.co_filename, line or frame.f_lineno,
+                                                 name=name)
+
+    def _held(self, model: Any) -> None:
+        """A thread-local or context variable a submodule holds as an attribute: its forward may read it."""
+        for path, module in model.named_modules():
+            if _installed(_class_place(module)[0]):
+                continue  # an installed library's module: its state is its configuration
+            for name, value in vars(module).items():
+                if isinstance(value, _THREAD_STATE):
+                    self.found[("thread state", f"{path or 'model'}.{name}")] = Condition(
+                        "thread state", _describe(value, f"{path + '.' if path else ''}{name}") + " the model holds",
+                        *_class_place(module))
+
+    def _event(self, frame: types.FrameType, event: str, arg: Any) -> None:
+        if event == "call":
+            code = frame.f_code
+            if code is _ENVIRONMENT_LOOKUP:
+                self._environment_read(frame)
+            elif model_code(code.co_filename):
+                named = self._thread_state_named(frame)
+                if named and _reader(frame) is frame:
+                    for name, value, line in named:
+                        self._note("thread state", _describe(value, name), frame, line)
+        elif event == "c_call":
+            if arg in _STACK_READS and (model_code(frame.f_code.co_filename)
+                                        or frame.f_code.co_filename.endswith(_STACK_READERS)):
+                self._note("call stack", "the call stack (who calls the model)", _reader(frame))
+            elif arg in _CLOCKS:
+                self._note("clock", f"the clock (`time.{arg.__name__}`)", _reader(frame))
+            elif isinstance(getattr(arg, "__self__", None), contextvars.ContextVar):
+                self._note("thread state", _describe(arg.__self__, ""), _reader(frame))
+
+    def _environment_read(self, frame: types.FrameType) -> None:
+        reader = _reader(frame)
+        if reader is None:
+            return
+        key = frame.f_locals.get("key")
+        name = key.decode() if isinstance(key, bytes) else str(key)
+        if name in self.environment:
+            return
+        self.environment.append(name)
+        if len(self.environment) <= MAX_ENVIRONMENT_NAMES:
+            state = "unset here" if os.environ.get(name) is None else "as set here"
+            self._note("environment", f"the environment variable {name} ({state})", reader, name=name)
+        elif len(self.environment) == MAX_ENVIRONMENT_NAMES + 1:
+            self._note("environment", f"more environment variables (the first {MAX_ENVIRONMENT_NAMES} are named)",
+                       reader)
+
+    def _thread_state_named(self, frame: types.FrameType) -> list[tuple[str, Any, Optional[int]]]:
+        """The thread-locals and context variables the frame's code loads, each with the line that loads it:
+        globals, one module attribute deep (``flags._STATE``), closure cells. Cached per code and globals."""
+        code = frame.f_code
+        key = (code, id(frame.f_globals))
+        if key not in self.names_seen:
+            found = []
+            for name, line, deref in _loads(code):
+                value = (frame.f_locals.get(name) if deref else frame.f_globals.get(name))
+                if isinstance(value, _THREAD_STATE):
+                    found.append((name, value, line))
+                elif isinstance(value, types.ModuleType) and value is not os:
+                    found += [(f"{name}.{other}", getattr(value, other), line) for other in code.co_names
+                              if isinstance(getattr(value, other, None), _THREAD_STATE)]
+            self.names_seen[key] = found
+        return self.names_seen[key]
+
+
+@functools.lru_cache(maxsize=4096)
+def _loads(code: types.CodeType) -> tuple[tuple[str, Optional[int], bool], ...]:
+    """The globals and closure cells a code object loads, with the line of the first load of each."""
+    seen: dict[str, tuple[str, Optional[int], bool]] = {}
+    for instruction in dis.get_instructions(code):
+        if instruction.opname in ("LOAD_GLOBAL", "LOAD_NAME", "LOAD_DEREF", "LOAD_CLASSDEREF") \
+                and instruction.argval not in seen:
+            positions = getattr(instruction, "positions", None)  # Python 3.11
+            line = positions.lineno if positions is not None else instruction.starts_line
+            seen[instruction.argval] = (instruction.argval, line, instruction.opname != "LOAD_GLOBAL"
+                                        and instruction.opname != "LOAD_NAME")
+    return tuple(seen.values())
+
+
+def own_code(file: str) -> bool:
+    """The model's own source: neither torch, the standard library, qlint nor an installed package."""
+    return model_code(file) and not _installed(file)
+
+
+def _installed(file: str) -> bool:
+    return f"{os.sep}site-packages{os.sep}" in file or f"{os.sep}dist-packages{os.sep}" in file
+
+
+@contextlib.contextmanager
+def environment_set(name: str, value: Optional[str]) -> Iterator[None]:
+    """The environment variable ``name`` at ``value`` (None: unset) for the block, then as it was."""
+    before = os.environ.get(name)
+    try:
+        if value is None:
+            os.environ.pop(name, None)
+        else:
+            os.environ[name] = value
+        yield
+    finally:
+        if before is None:
+            os.environ.pop(name, None)
+        else:
+            os.environ[name] = before
+
+
+def _describe(value: Any, name: str) -> str:
+    """A context variable by its own name (read by name or by ``get``), a thread-local by the name it is held by."""
+    return f"the context variable `{value.name}`" if isinstance(value, contextvars.ContextVar) \
+        else f"the thread-local `{name}`"
+
+
+def _reader(frame: types.FrameType) -> Optional[types.FrameType]:
+    """The frame of the model's own code that made a read through ``frame`` (the standard library's lookup
+    itself, or the model's code), whoever called that code (torch.utils.checkpoint calls a block's function);
+    None when the innermost frame outside the standard library is torch's, qlint's or an installed
+    package's: their switches are their configuration (transformers' output collector, triton's
+    cache folder read when torch loads it), as torch's own global modes are, which the graph check varies."""
+    current: Optional[types.FrameType] = frame
+    while current is not None:
+        file = current.f_code.co_filename
+        if model_code(file):
+            return None if _installed(file) else current
+        if file.startswith((TORCH_DIR, _QLINT_DIR + os.sep)):
+            return None
+        current = current.f_back
+    return None
+
+
+def _class_place(module: Any) -> tuple[str, int]:
+    import inspect
+
+    try:
+        return inspect.getsourcefile(type(module)) or "?", inspect.getsourcelines(type(module))[1]
+    except (OSError, TypeError):
+        return "?", 0
+
+
+__all__ = ["Condition", "MAX_ENVIRONMENT_NAMES", "ENVIRONMENT_VALUES", "ProcessReads", "environment_set", "model_code",
+           "own_code"]

@@ -1,0 +1,49 @@
+"""Safe models certified and their unsafe twins refused, through ``qlint --format json`` (fixtures/quiet.py)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from conftest import ROOT
+
+EXPECTED = {  # factory: (verdict, max q)
+    "elu_written_out": ("certified", 1.0),
+    "huber_written_out": ("certified", 1.0),
+    "elu_wrong_side": ("supercritical", None),  # exp(h) for h > 0: faster than any power
+    "huber_outside": ("supercritical", 2.0),
+    "selected_through_a_matmul": ("supercritical", 2.0),
+    "straight_through": ("certified", 1.0),
+    "half_cancelled": ("supercritical", 2.0),
+    "direction_times_linear": ("certified", 1.0),
+    "direction_times_square": ("supercritical", 2.0),
+    "rotation_by_data_angles": ("certified", 1.0),
+    "rotation_with_a_real_part": ("supercritical", None),
+    "edge_softmax": ("certified", 1.0),
+    "edge_softmax_shifted_by_another_node": ("uncertified", None),  # exp(s - max) unbounded, then divided
+    "edge_softmax_summed_onto_a_learned_base": ("uncertified", None),  # base + sum may cross 0
+}
+
+
+@pytest.fixture(scope="module")
+def report() -> dict[str, dict]:
+    specs = [f"fixtures/quiet.py:{name}" for name in EXPECTED]
+    proc = subprocess.run([sys.executable, "-m", "qlint", *specs, "--format", "json", "--no-cache"], cwd=ROOT,
+                          capture_output=True, text=True, timeout=600, env=dict(os.environ, OMP_NUM_THREADS="1"))
+    assert proc.returncode == 1, proc.stderr[-2000:]
+    return {m["spec"].split(":")[-1]: m for m in json.loads(proc.stdout)["models"]}
+
+
+@pytest.mark.parametrize("name", list(EXPECTED))
+def test_verdict_and_max_q(report, name):
+    assert (report[name]["verdict"], report[name]["max_q"]) == EXPECTED[name]
+
+
+def test_the_witness_measured_what_was_certified(report):
+    for name, (verdict, _) in EXPECTED.items():
+        if verdict == "certified":
+            assert "none refuted" in report[name]["witness"], name
