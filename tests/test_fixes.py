@@ -39,7 +39,7 @@ def _qlint(cwd: Path, *args: str) -> subprocess.CompletedProcess:
 
 def _fix(repo: Path, spec: str, path: str, fixed_line: str) -> tuple[str, str]:
     """``--fix SPEC``: exit 0 and ``fixed_line`` said; the re-lint's report and the fixed file's text."""
-    fixed = _qlint(repo, spec, "--fix")
+    fixed = _qlint(repo, spec, "--fix", "--unsafe-fixes")
     assert fixed.returncode == 0, fixed.stderr
     assert fixed_line in fixed.stderr
     return fixed.stdout, (repo / path).read_text()
@@ -399,6 +399,22 @@ def test_the_patch_lands_where_the_traced_op_was_written(tmp_path, body, expecte
     assert _qlint(repo, "m.py:build_model").returncode == 0
 
 
+def test_fix_holds_back_a_patch_that_changes_what_the_model_computes(tmp_path):
+    """ruff's split: h ** 3 -> gelu(h) certifies the block but a trained checkpoint no longer computes what it
+    did, so --fix alone writes nothing and says so; --diff marks the patch; the config key allows it."""
+    (tmp_path / "fixable.py").write_text(FIXABLE)
+    repo = _repo(tmp_path, {})
+    held = _qlint(repo, "fixable.py:cubic", "--fix")
+    assert held.returncode == 1 and (repo / "fixable.py").read_text() == FIXABLE
+    assert ("qlint: 1 unsafe fix(es) held back: each changes what the model computes (trained weights do not carry "
+            "over); see them with --diff, apply them with --fix --unsafe-fixes") in held.stderr
+    shown = _qlint(repo, "fixable.py:cubic", "--diff")
+    assert "(unsafe: it changes what the model computes, and trained weights do not carry over)" in shown.stderr
+    (repo / "pyproject.toml").write_text("[tool.qlint]\nunsafe-fixes = true\n")
+    assert _qlint(repo, "fixable.py:cubic", "--fix").returncode == 0
+    assert "nn.functional.gelu(h)" in (repo / "fixable.py").read_text()
+
+
 def test_crlf_and_a_coding_line_are_kept_and_only_the_edited_line_changes(tmp_path):
     latin = ("# -*- coding: latin-1 -*-\n# Autor: J\xfcrgen\n" + FIXABLE).replace("\n", "\r\n").encode("latin-1")
     (tmp_path / "fixable.py").write_bytes(latin)
@@ -408,7 +424,7 @@ def test_crlf_and_a_coding_line_are_kept_and_only_the_edited_line_changes(tmp_pa
     assert b"-        return x + self.down(h ** 3)\r\n" in shown.stdout
     (repo / "fix.patch").write_bytes(shown.stdout)
     assert subprocess.run(["git", "apply", "--check", "fix.patch"], cwd=repo).returncode == 0
-    assert _qlint(repo, "fixable.py:cubic", "--fix").returncode == 0
+    assert _qlint(repo, "fixable.py:cubic", "--fix", "--unsafe-fixes").returncode == 0
     stat = subprocess.run(["git", "diff", "--numstat"], cwd=repo, capture_output=True, text=True).stdout
     assert stat.split()[:3] == ["1", "1", "fixable.py"]
     fixed = (repo / "fixable.py").read_bytes()
@@ -427,7 +443,7 @@ def test_a_patch_that_breaks_another_model_of_the_run_is_not_kept(tmp_path):
         return x + self.a(x) * self.b(x)
 '''
     repo = _repo(tmp_path, {"m.py": HEADER + body + BUILD + wide})
-    shown = _qlint(repo, "m.py:build_model", "m.py:build_wide", "--fix")
+    shown = _qlint(repo, "m.py:build_model", "m.py:build_wide", "--fix", "--unsafe-fixes")
     assert "`m.py:build_wide` would no longer analyse" in shown.stderr
     assert "fixed m.py" not in shown.stderr and (repo / "m.py").read_text() == HEADER + body + BUILD + wide
 

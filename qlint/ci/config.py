@@ -171,6 +171,7 @@ class Config:
     witness: bool = True  # measure what is certified first (qlint.probe.block_witness)
     witness_budget: float = 10.0  # seconds per model
     timeout: float = DEFAULT_TIMEOUT  # seconds a model may take in its worker process (0: no limit)
+    unsafe_fixes: bool = False  # --fix may write patches that change the function the model computes
 
     def describe(self) -> str:
         """The effective settings as ``--show-settings`` prints them (ruff's ``--show-settings``)."""
@@ -490,7 +491,7 @@ TOP_KEYS = (
     "models", "select", "extend-select", "ignore", "fail-on", "threshold", "mode",
     "tracer", "device", "input-dtype", "input-shapes", "output-format", "baseline",
     "per-block-ignores", "per-model-ignores", "per-model", "primitives", "cache-dir", "witness", "witness-budget",
-    "timeout",
+    "timeout", "unsafe-fixes",
 )  # fmt: skip  (and `extend`, read before validation)
 MODEL_KEYS = ("input-shapes", "input-dtype", "device", "mode", "tracer", "threshold")
 
@@ -550,6 +551,10 @@ def parse_config(
         cfg.witness_budget = _seconds(get("witness-budget"), key("witness-budget"))
     if "timeout" in table:
         cfg.timeout = _seconds(get("timeout"), key("timeout"))
+    if "unsafe-fixes" in table:
+        if not isinstance(get("unsafe-fixes"), bool):
+            raise fail(f"{key('unsafe-fixes')} must be true or false (got {_type_name(get('unsafe-fixes'))})")
+        cfg.unsafe_fixes = get("unsafe-fixes")
 
     if "per-block-ignores" in table:
         raw = get("per-block-ignores")

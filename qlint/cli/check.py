@@ -80,7 +80,11 @@ def _codes(values: tuple[str, ...]) -> Optional[list[str]]:
               help="Print, as unified diffs `git apply` takes, the source patches that certify failing blocks, each "
                    "re-checked on the patched source; exit 1 when there is one, 0 when there is none.")
 @click.option("--fix", is_flag=True,
-              help="Apply those re-checked source patches to your files (atomically), then lint again.")
+              help="Apply those re-checked source patches to your files (atomically), then lint again; a patch "
+                   "that changes what the model computes only with --unsafe-fixes.")
+@click.option("--unsafe-fixes", is_flag=True, default=None,
+              help="Let --fix apply patches that change the function the model computes (a norm added, an "
+                   "activation replaced: trained weights do not carry over); also `unsafe-fixes = true`.")
 @click.option("--color", type=click.Choice(["auto", "always", "never"]), default="auto",
               help="Colour the full report: auto (a terminal, unless NO_COLOR is set; FORCE_COLOR forces it), always, "
                    "never.")
@@ -131,6 +135,7 @@ def command(
     show_remedies: bool,
     show_diff: bool,
     fix: bool,
+    unsafe_fixes: Optional[bool],
     color: str,
     width: Optional[int],
     quiet: bool,
@@ -164,7 +169,8 @@ def command(
             sys.exit(0)
         _check_writable(output_file, outputs, write_baseline, config.output_format)  # before the analysis, not after
         if show_diff or fix:
-            patched, failed = _source_fixes(config, write=fix, verbose=verbose)
+            patched, failed = _source_fixes(config, write=fix, verbose=verbose,
+                                            unsafe=config.unsafe_fixes if unsafe_fixes is None else unsafe_fixes)
             if show_diff:
                 sys.exit(1 if patched else 2 if failed else 0)
         report = _analyse(config, remedies=show_remedies, show_traceback=show_traceback, verbose=verbose,
@@ -223,9 +229,11 @@ def command(
     sys.exit(0)
 
 
-def _source_fixes(config: Any, *, write: bool, verbose: bool) -> tuple[int, int]:
+def _source_fixes(config: Any, *, write: bool, verbose: bool, unsafe: bool) -> tuple[int, int]:
     """Print (``--diff``) or write (``--fix``) the re-certified patches of every model: how many patches,
-    and how many models could not be analysed (each named in one line; the others still get theirs)."""
+    and how many models could not be analysed (each named in one line; the others still get theirs).
+    A patch that changes the function the model computes is written only when ``unsafe`` (``--unsafe-fixes``,
+    as in ruff): the count held back is said."""
     from qlint.core.errors import QlintError
     from qlint.fixes import FixError, isolated_patches, repository_root, write_patch
 
@@ -258,8 +266,14 @@ def _source_fixes(config: Any, *, write: bool, verbose: bool) -> tuple[int, int]
             for block, reasons in fixes.dropped.items():
                 click.echo(f"qlint: {spec}: block `{block}`: better-ranked remedies passed over: {'; '.join(reasons)}",
                            err=True)
+    held_back = 0
     for spec, patch in chosen.values():
         what = f"{', '.join(patch.kinds)} certifies {', '.join(f'`{b}`' for b in patch.blocks)}"
+        if patch.unsafe:
+            what += " (unsafe: it changes what the model computes, and trained weights do not carry over)"
+        if write and patch.unsafe and not unsafe:
+            held_back += 1
+            continue
         if write:
             try:
                 write_patch(root, patch)
@@ -270,6 +284,9 @@ def _source_fixes(config: Any, *, write: bool, verbose: bool) -> tuple[int, int]
         else:
             click.echo(f"# {spec}: {what}, re-checked on the patched source", err=True)
             click.echo(patch.diff, nl=False)
+    if held_back:
+        click.echo(f"qlint: {held_back} unsafe fix(es) held back: each changes what the model computes (trained "
+                   "weights do not carry over); see them with --diff, apply them with --fix --unsafe-fixes", err=True)
     return len(chosen), failed
 
 

@@ -25,7 +25,7 @@ from typing import Any, Optional
 import torch
 import torch.fx as fx
 
-from qlint.core import eager_record
+from qlint.core import eager_record, hops
 from qlint.core import reuse as layer_reuse
 from qlint.core.graph import TORCH_DIR
 from qlint.core.graph_check import GraphMismatch, compare_with_eager, eager_failure, shape_coverage
@@ -265,12 +265,18 @@ def _traced(tracer: str, model: torch.nn.Module, inputs: Optional[tuple], regist
     held = _attributes(model)
     try:
         if tracer == "symbolic_trace":
-            return symbolic_trace_module(model, registry, inputs)
-        if tracer == "make_fx":
-            return make_fx_module(model, inputs)  # type: ignore[arg-type]
-        return exported(model, inputs, reuse=reuse)  # type: ignore[arg-type]
+            module = symbolic_trace_module(model, registry, inputs)
+        elif tracer == "make_fx":
+            module = make_fx_module(model, inputs)  # type: ignore[arg-type]
+        else:
+            module = exported(model, inputs, reuse=reuse)  # type: ignore[arg-type]
     finally:
         _restore_attributes(model, held)
+    # custom ops whose body is known and that no rule bounds
+    knows = getattr(registry, "knows", None)
+    module.meta["qlint_inlined_ops"] = hops.inline_custom_ops(
+        module, inputs, (lambda target: knows("call_function", target)) if knows else (lambda target: False))
+    return module
 
 
 def _traced_and_checked(tracer: str, model: torch.nn.Module, inputs: Optional[tuple], registry: Any, *,

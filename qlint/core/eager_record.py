@@ -327,8 +327,9 @@ def _same(first: list[torch.Tensor], second: list[torch.Tensor]) -> bool:
         for a, b in zip(first, second))
 
 
-# ``x.dtype`` (as a torch-function mode sees the property), ``x.type()``, ``x.element_size()``
-_DTYPE_READS = (torch.Tensor.dtype.__get__, torch.Tensor.type, torch.Tensor.element_size)
+# ``x.dtype`` (as a torch-function mode sees the property), ``x.itemsize``, ``x.type()``, ``x.element_size()``
+_DTYPE_READS = (torch.Tensor.dtype.__get__, torch.Tensor.itemsize.__get__, torch.Tensor.type,
+                torch.Tensor.element_size)
 _PLUMBING = ("/torch/overrides.py", "/torch/_tensor.py")  # how a Tensor method reaches a torch-function mode
 
 

@@ -17,12 +17,18 @@ compares it with the eager model like any other graph):
 
 Every other HOP (``while_loop``, ``scan``, ``map``, ``flex_attention`` ...) stays one node,
 which no registry entry bounds: the block that holds it is uncertified, by name.
+
+A **custom op** whose body is known is inlined the same way (:func:`inline_custom_ops`): one made with
+``torch.library.custom_op`` and no kernel of its own for a device (its Python function is what runs), or
+one with a ``CompositeImplicitAutograd`` kernel (its decomposition is what runs). The body is traced by
+make_fx on tensors of the call's shapes and dtypes, and the graph check then compares the graph with
+the model, which calls the op itself. Any other custom op (a C++ or Triton kernel) stays one node.
 """
 
 from __future__ import annotations
 
 import operator
-from typing import Any
+from typing import Any, Callable, Optional
 
 import torch
 import torch.fx as fx
@@ -79,7 +85,8 @@ def _inline_once(module: fx.GraphModule) -> bool:
 
 
 def _inline(module: fx.GraphModule, at: fx.Node, body_node: Any, operands: Any) -> list[Any]:
-    """Copy the body graph named by ``body_node`` before ``at``, its placeholders bound to ``operands``."""
+    """Copy the body graph named by ``body_node`` (a node or a ``.target`` holder) before ``at``, its
+    placeholders bound to ``operands``."""
     body = module.get_submodule(body_node.target)
     values = iter(operands)
     env: dict[fx.Node, Any] = {}
@@ -126,4 +133,101 @@ def _replace_outputs(module: fx.GraphModule, hop: fx.Node, outputs: list[Any]) -
     module.graph.erase_node(hop)
 
 
-__all__ = ["REGIONS", "has_regions", "hop_name", "inline_bodies"]
+# operator namespaces of torch's own kernels: never inlined (the registry bounds them, or they are unknown)
+_TORCH_NAMESPACES = frozenset({"aten", "prims", "quantized", "quantized_decomposed", "_quantized", "c10d",
+                               "_c10d_functional", "profiler", "higher_order", "inductor", "fbgemm", "mkldnn",
+                               "torchvision", "image", "_torchvision"})
+
+
+def custom_body(target: Any) -> Optional[Callable[..., Any]]:
+    """What a custom op computes, as a Python function of its arguments, when that is known: the function
+    of a ``torch.library.custom_op`` without a device kernel of its own, or the op's
+    ``CompositeImplicitAutograd`` decomposition; None otherwise."""
+    op = target.default if isinstance(target, torch._ops.OpOverloadPacket) and hasattr(target, "default") else target
+    if not isinstance(op, torch._ops.OpOverload) or op.namespace in _TORCH_NAMESPACES:
+        return None
+    from torch._library.custom_ops import OPDEFS
+
+    definition = OPDEFS.get(f"{op.namespace}::{op._opname}")
+    if definition is not None:  # its own function, unless a device has a kernel of its own (a Triton one)
+        return definition._init_fn if set(getattr(definition, "_backend_fns", {})) <= {None} else None
+    if torch._C._dispatch_has_kernel_for_dispatch_key(op.name(), "CompositeImplicitAutograd"):
+        return op.decompose
+    return None
+
+
+def inline_custom_ops(module: fx.GraphModule, inputs: Optional[tuple],
+                      known: Callable[[Any], bool] = lambda target: False) -> frozenset[str]:
+    """Replace each call of a custom op whose body is known (:func:`custom_body`) and that the registry does
+    not bound itself (``known``: transformers' grouped_mm_fallback has its rule) by the body's ops, traced
+    by make_fx on tensors of the call's arguments' shapes and dtypes (read from the graph's recorded
+    values, or from one run on ``inputs``); returns the ops inlined. A call whose arguments are not
+    plain tensors and numbers stays one node."""
+    calls = [n for n in module.graph.nodes
+             if n.op == "call_function" and not known(n.target) and custom_body(n.target) is not None]
+    if not calls:
+        return frozenset()
+    if inputs is not None and any(_example(a) is None for n in calls for a in n.all_input_nodes):
+        from torch.fx.passes.shape_prop import ShapeProp
+
+        try:
+            ShapeProp(module).propagate(*inputs)
+        except Exception:  # noqa: BLE001  (no shapes: the calls stay as they are)
+            return frozenset()
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    inlined = set()
+    for number, node in enumerate(calls):
+        if node.kwargs or any(isinstance(a, (list, tuple, dict)) for a in node.args):
+            continue
+        examples = [_example(a) if isinstance(a, fx.Node) else a for a in node.args]
+        if any(isinstance(a, fx.Node) for a in node.args if _example(a) is None):
+            continue
+        tensors = [i for i, a in enumerate(node.args) if isinstance(a, fx.Node)]
+        body_fn = custom_body(node.target)
+
+        def call(*values: Any, body_fn: Any = body_fn, examples: list = examples, tensors: list = tensors) -> Any:
+            arguments = list(examples)
+            for i, value in zip(tensors, values):
+                arguments[i] = value
+            return body_fn(*arguments)
+
+        try:
+            body = make_fx(call)(*[examples[i] for i in tensors])
+        except Exception:  # noqa: BLE001  (a body make_fx cannot follow: the call stays one node)
+            continue
+        name, op = f"_qlint_custom_op_{number}", str(getattr(node.target, "_opname", node.target))
+        module.add_submodule(name, body)
+        outputs = _inline(module, node, _Named(name), tuple(node.args[i] for i in tensors))
+        if len(outputs) == 1 and not isinstance(node.meta.get("val"), (tuple, list)):
+            node.replace_all_uses_with(outputs[0])
+            module.graph.erase_node(node)
+        elif _items_only(node):
+            _replace_outputs(module, node, outputs)
+        else:
+            continue
+        inlined.add(op)
+    if inlined:
+        module.graph.lint()
+        module.recompile()
+    return frozenset(inlined)
+
+
+class _Named:
+    """What :func:`_inline` reads of a body's node: the path of the submodule holding it."""
+
+    def __init__(self, target: str) -> None:
+        self.target = target
+
+
+def _example(node: Any) -> Optional[torch.Tensor]:
+    """A zero tensor of a node's recorded shape and dtype (ShapeProp's ``tensor_meta``, export's ``val`` when its
+    sizes are numbers)."""
+    value = (node.meta.get("tensor_meta") or node.meta.get("val")) if isinstance(node, fx.Node) else None
+    shape, dtype = getattr(value, "shape", None), getattr(value, "dtype", None)
+    if shape is None or dtype is None or not all(isinstance(s, int) for s in shape):
+        return None
+    return torch.zeros(tuple(shape), dtype=dtype)
+
+
+__all__ = ["REGIONS", "custom_body", "has_regions", "hop_name", "inline_bodies", "inline_custom_ops"]

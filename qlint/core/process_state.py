@@ -7,23 +7,32 @@ has. A forward that reads one may take another path where it differs (``if os.en
 so a certificate holds *for* that value only: a condition, named with the line that reads it
 (:class:`Condition`), which the verdict prints ("certified for: ...") and QL109 puts before the gate.
 
-This follows what the forward runs, not its spelling: a profile function sees every Python call of one
-eager forward. An environment read is a call of ``os.environ``'s item lookup (``get``, ``in``,
-``[]``, ``os.getenv`` all reach it); a thread-local or context variable is a global, a closure cell
-or a module attribute the running code names; the stack is read by ``sys._getframe`` (what
-``inspect.stack()`` calls); the clock by ``time``'s functions. Reads by torch, the standard library,
+This follows what the forward runs: a profile function sees every Python call of one eager forward.
+An environment read is a call of ``os.environ``'s item lookup (``get``, ``in``, ``[]``, ``os.getenv``
+all reach it); the stack is read by ``sys._getframe`` (what ``inspect.stack()`` calls); the clock,
+the thread's identity, torch's thread count and Python's or NumPy's random generators by calls of
+their functions. The objects the running code names are read too: a thread-local or context variable,
+``os.environ`` itself (its raw ``_data``), ``sys.argv``, ``sys.modules``, a C library loaded with
+ctypes, as a global, a closure cell, an argument (a default) or one attribute deep in a module or
+class, and the attributes that walk frames (``tb_frame.f_back``) or ask whether a profiler watches.
+What no running code shows stays unseen: a value read at import time (a copy of the environment, a
+cache filled then) is a constant of the module, as qlint sees it. Reads by torch, the standard library,
 qlint and installed packages are theirs, not the model's (transformers' output collector and kernel
 switches are its configuration, as torch's global modes are torch's, which the graph check varies).
 """
 
 from __future__ import annotations
 
+import _thread
 import contextlib
 import contextvars
+import ctypes
 import dis
 import functools
 import linecache
 import os
+import random
+import site
 import sys
 import sysconfig
 import threading
@@ -31,6 +40,8 @@ import time
 import types
 from dataclasses import dataclass
 from typing import Any, Iterator, Optional
+
+import torch
 
 from qlint.core.graph import TORCH_DIR
 
@@ -41,7 +52,10 @@ _STACK_READS = {sys._getframe, getattr(sys, "_current_frames", None)} - {None}
 # the standard library's readers of the stack for a caller (logging's and warnings' look for a line to print)
 _STACK_READERS = ("inspect.py", "traceback.py")
 _CLOCKS = {time.time, time.time_ns, time.monotonic, time.monotonic_ns, time.perf_counter, time.perf_counter_ns,
-           time.process_time, time.process_time_ns}
+           time.process_time, time.process_time_ns, time.thread_time, time.thread_time_ns,
+           *(getattr(time, name) for name in ("clock_gettime", "clock_gettime_ns") if hasattr(time, name))}
+_THREAD_IDENTITY = {threading.get_ident, threading.get_native_id, threading.current_thread, _thread.get_ident}
+_TORCH_SETTINGS = {torch.get_num_threads, torch.get_num_interop_threads}
 _THREAD_STATE = (threading.local, contextvars.ContextVar)
 MAX_ENVIRONMENT_NAMES = 5  # a forward that copies the whole environment is one condition, not hundreds
 
@@ -83,7 +97,7 @@ class ProcessReads:
 
     def __init__(self, model: Any) -> None:
         self.found: dict[tuple[str, str], Condition] = {}
-        self.names_seen: dict[Any, list[tuple[str, Any, Optional[int]]]] = {}  # code -> thread state it loads
+        self.names_seen: dict[Any, list[tuple[str, str, Optional[int]]]] = {}  # code -> process state it names
         self.environment: list[str] = []
         self._held(model)
 
@@ -97,7 +111,10 @@ class ProcessReads:
 
     @property
     def conditions(self) -> list[Condition]:
-        return list(self.found.values())
+        """The first read of each; ``os.environ`` named on a line that looks a variable up is that variable."""
+        named = {(c.file, c.line) for c in self.found.values() if c.kind == "environment" and c.name}
+        return [c for c in self.found.values()
+                if not (c.kind == "environment" and not c.name and (c.file, c.line) in named)]
 
     def _note(self, kind: str, what: str, frame: Optional[types.FrameType], line: Optional[int] = None,
               name: str = "") -> None:
@@ -122,18 +139,26 @@ class ProcessReads:
             if code is _ENVIRONMENT_LOOKUP:
                 self._environment_read(frame)
             elif model_code(code.co_filename):
-                named = self._thread_state_named(frame)
+                named = self._state_named(frame)
                 if named and _reader(frame) is frame:
-                    for name, value, line in named:
-                        self._note("thread state", _describe(value, name), frame, line)
+                    for kind, what, line in named:
+                        self._note(kind, what, frame, line)
         elif event == "c_call":
             if arg in _STACK_READS and (model_code(frame.f_code.co_filename)
                                         or frame.f_code.co_filename.endswith(_STACK_READERS)):
                 self._note("call stack", "the call stack (who calls the model)", _reader(frame))
             elif arg in _CLOCKS:
                 self._note("clock", f"the clock (`time.{arg.__name__}`)", _reader(frame))
+            elif arg in _THREAD_IDENTITY:
+                self._note("thread state", f"the thread running the model (`{arg.__name__}`)", _reader(frame))
+            elif arg in _TORCH_SETTINGS:
+                self._note("torch setting", f"torch's `{arg.__name__}()`, which qlint does not vary", _reader(frame))
             elif isinstance(getattr(arg, "__self__", None), contextvars.ContextVar):
                 self._note("thread state", _describe(arg.__self__, ""), _reader(frame))
+            elif _draws(arg):
+                self._note("random", f"a draw of a random generator other than torch's (`{arg.__name__}`)",
+                           _reader(frame))
+
 
     def _environment_read(self, frame: types.FrameType) -> None:
         reader = _reader(frame)
@@ -151,36 +176,74 @@ class ProcessReads:
             self._note("environment", f"more environment variables (the first {MAX_ENVIRONMENT_NAMES} are named)",
                        reader)
 
-    def _thread_state_named(self, frame: types.FrameType) -> list[tuple[str, Any, Optional[int]]]:
-        """The thread-locals and context variables the frame's code loads, each with the line that loads it:
-        globals, one module attribute deep (``flags._STATE``), closure cells. Cached per code and globals."""
+    def _state_named(self, frame: types.FrameType) -> list[tuple[str, str, Optional[int]]]:
+        """The process state the frame's code names, as (kind, what, line of the first load): thread-locals,
+        context variables, ``os.environ`` read directly, ``sys.argv``, as globals, closure cells, its
+        arguments (a default argument), one attribute deep in a module or class (``flags._STATE``,
+        ``State.tls``); and the frame introspection it spells (``tb_frame.f_back``, ``sys.getprofile``).
+        Cached per code and globals, arguments excepted."""
         code = frame.f_code
         key = (code, id(frame.f_globals))
         if key not in self.names_seen:
             found = []
-            for name, line, deref in _loads(code):
-                value = (frame.f_locals.get(name) if deref else frame.f_globals.get(name))
-                if isinstance(value, _THREAD_STATE):
-                    found.append((name, value, line))
-                elif isinstance(value, types.ModuleType) and value is not os:
-                    found += [(f"{name}.{other}", getattr(value, other), line) for other in code.co_names
-                              if isinstance(getattr(value, other, None), _THREAD_STATE)]
+            loaded = _loads(code)
+            attributes = {name for name, _, kind in loaded if kind == "attribute"}
+            for name, line, kind in loaded:
+                if kind == "attribute":
+                    if name in _INTROSPECTION:
+                        found.append(("call stack", f"the call stack or qlint's instrumentation (`.{name}`)", line))
+                    continue
+                value = frame.f_locals.get(name) if kind == "cell" else frame.f_globals.get(name)
+                state = _state(value, name)
+                if state is not None:
+                    found.append((*state, line))
+                elif isinstance(value, (types.ModuleType, type)):
+                    held = vars(value)
+                    found += [(*state, line) for other in sorted(attributes) if other in held
+                              for state in [_state(held[other], f"{name}.{other}")] if state is not None]
             self.names_seen[key] = found
-        return self.names_seen[key]
+        arguments = code.co_varnames[:code.co_argcount + code.co_kwonlyargcount]
+        return self.names_seen[key] + [(*state, frame.f_lineno) for name in arguments
+                                       for state in [_state(frame.f_locals.get(name), name)] if state is not None]
+
+
+def _state(value: Any, name: str) -> Optional[tuple[str, str]]:
+    """(kind, what) when ``value`` is process state a forward may branch on."""
+    if isinstance(value, _THREAD_STATE):
+        return "thread state", _describe(value, name)
+    if value is os.environ or value is getattr(os, "environb", None):
+        return "environment", f"the environment (`{name}` read directly)"
+    if value is sys.argv:
+        return "command line", f"the command line (`{name}`)"
+    if value is sys.modules:
+        return "loaded modules", f"the modules this process has loaded (`{name}`: is qlint one of them?)"
+    if isinstance(value, ctypes.CDLL):
+        return "native code", f"a C library called through ctypes (`{name}`), whose reads qlint does not see"
+    return None
+
+
+# attributes that read frames (a traceback's, a frame's caller) or whether a profiler watches
+_INTROSPECTION = frozenset({"tb_frame", "f_back", "f_code", "f_globals", "f_locals", "_getframe", "currentframe",
+                            "getprofile", "gettrace", "extract_stack", "walk_stack"})
 
 
 @functools.lru_cache(maxsize=4096)
-def _loads(code: types.CodeType) -> tuple[tuple[str, Optional[int], bool], ...]:
-    """The globals and closure cells a code object loads, with the line of the first load of each."""
-    seen: dict[str, tuple[str, Optional[int], bool]] = {}
+def _loads(code: types.CodeType) -> tuple[tuple[str, Optional[int], str], ...]:
+    """The globals, closure cells and attributes a code object loads (kind "global", "cell", "attribute"),
+    with the line of the first load of each."""
+    seen: dict[tuple[str, str], tuple[str, Optional[int], str]] = {}
     for instruction in dis.get_instructions(code):
-        if instruction.opname in ("LOAD_GLOBAL", "LOAD_NAME", "LOAD_DEREF", "LOAD_CLASSDEREF") \
-                and instruction.argval not in seen:
-            positions = getattr(instruction, "positions", None)  # Python 3.11
-            line = positions.lineno if positions is not None else instruction.starts_line
-            seen[instruction.argval] = (instruction.argval, line, instruction.opname != "LOAD_GLOBAL"
-                                        and instruction.opname != "LOAD_NAME")
+        kind = _LOAD_KINDS.get(instruction.opname)
+        if kind is None or (instruction.argval, kind) in seen:
+            continue
+        positions = getattr(instruction, "positions", None)  # Python 3.11
+        line = positions.lineno if positions is not None else instruction.starts_line
+        seen[(instruction.argval, kind)] = (instruction.argval, line, kind)
     return tuple(seen.values())
+
+
+_LOAD_KINDS = {"LOAD_GLOBAL": "global", "LOAD_NAME": "global", "LOAD_DEREF": "cell", "LOAD_CLASSDEREF": "cell",
+               "LOAD_ATTR": "attribute", "LOAD_METHOD": "attribute"}
 
 
 def own_code(file: str) -> bool:
@@ -188,8 +251,16 @@ def own_code(file: str) -> bool:
     return model_code(file) and not _installed(file)
 
 
+@functools.lru_cache(maxsize=4096)
 def _installed(file: str) -> bool:
-    return f"{os.sep}site-packages{os.sep}" in file or f"{os.sep}dist-packages{os.sep}" in file
+    """A file of an installed package: it exists in one of this interpreter's package folders (a project folder
+    named site-packages, or a code object compiled under such a name, is the model's own)."""
+    return file.startswith(_PACKAGE_ROOTS) and os.path.isfile(file)
+
+
+_PACKAGE_ROOTS = tuple(os.path.join(root, "") for root in {
+    *site.getsitepackages(), site.getusersitepackages(), sysconfig.get_paths()["purelib"],
+    sysconfig.get_paths()["platlib"]} if root)
 
 
 @contextlib.contextmanager
@@ -207,6 +278,12 @@ def environment_set(name: str, value: Optional[str]) -> Iterator[None]:
             os.environ.pop(name, None)
         else:
             os.environ[name] = before
+
+
+def _draws(function: Any) -> bool:
+    """A method of Python's or NumPy's random generators (``random.random`` is one of ``random._inst``)."""
+    owner = getattr(function, "__self__", None)
+    return isinstance(owner, random.Random) or type(owner).__module__.startswith("numpy.random")
 
 
 def _describe(value: Any, name: str) -> str:

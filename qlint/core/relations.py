@@ -42,7 +42,7 @@ from typing import Any, Optional
 import torch
 import torch.fx as fx
 
-from qlint.core.graph import facts, shape_of, sizes
+from qlint.core.graph import dtype_of, facts, shape_of, sizes
 
 _SQUARE_STATS = {"mean": "mean", "sum": "sum"}
 
@@ -158,14 +158,28 @@ def _is_number(value: Any) -> bool:
 
 
 def strip(node: Any) -> Any:
-    """Follow value-preserving copies and floating casts back to the value they carry."""
+    """Follow value-preserving copies and casts back to the value they carry: a copy, or a floating cast
+    that keeps every value (to the same or a wider dtype). A narrowing cast rounds: ``s.bfloat16().amax()``
+    may lie below an entry of s, so s minus it is not <= 0."""
     while isinstance(node, fx.Node) and "qlint" in node.meta:
         op = _op(node)
-        if op in ("copy", "cast_float") or (op == "cast" and _floating_or_same(node)):
+        if op == "copy" or (op in ("cast", "cast_float") and _floating_or_same(node) and _exact_cast(node)):
             node = _arg(node, "input")
             continue
         break
     return node
+
+
+# floating dtypes each one holds every value of (a cast up is exact; bfloat16 and float16 hold each other's not)
+_WIDER = {torch.float16: {torch.float16, torch.float32, torch.float64},
+          torch.bfloat16: {torch.bfloat16, torch.float32, torch.float64},
+          torch.float32: {torch.float32, torch.float64}, torch.float64: {torch.float64}}
+
+
+def _exact_cast(node: fx.Node) -> bool:
+    """Whether the cast keeps every value: its input's dtype and its own are known, and it widens (or keeps)."""
+    source, target = dtype_of(_arg(node, "input")), dtype_of(node)
+    return source is not None and target in _WIDER.get(source, ())
 
 
 def _floating_or_same(node: fx.Node) -> bool:
@@ -625,12 +639,12 @@ def _gathered_own_group(gathered: Any, values: fx.Node, reduces: tuple[str, ...]
     index[e], which include entry e itself. The scatter's index may be ``index`` laid along axis 0 and
     expanded over the other axes (torch_geometric's broadcast); the base and include_self only add
     entries to the group. ``eps_first``: the table read back is the scatter plus a number eps > 0."""
-    name = _op_name(gathered)
+    name, indices = _op_name(gathered), _arg(gathered, "indices")
     if name == "index_select" and _arg(gathered, "dim") == 0:
         table, index = strip(_arg(gathered, "input")), _arg(gathered, "index")
-    elif name == "index" and isinstance(_arg(gathered, "indices"), (list, tuple)) and len(_arg(gathered, "indices")) == 1:
-        table, index = strip(_arg(gathered, "input")), _arg(gathered, "indices")[0]
-    elif name == "getitem" and isinstance(_arg(gathered, "index"), fx.Node):  # table[index] as symbolic_trace records it
+    elif name == "index" and isinstance(indices, (list, tuple)) and len(indices) == 1:
+        table, index = strip(_arg(gathered, "input")), indices[0]
+    elif name == "getitem" and isinstance(_arg(gathered, "index"), fx.Node):  # table[index], as symbolic_trace has it
         table, index = strip(_arg(gathered, "input")), _arg(gathered, "index")
     else:
         return False
@@ -644,27 +658,32 @@ def _gathered_own_group(gathered: Any, values: fx.Node, reduces: tuple[str, ...]
         _arg(table, "reduce") if scatter in ("scatter_reduce", "scatter_reduce_") else None)
     if reduce not in reduces or _arg(table, "dim") != 0 or strip(_arg(table, "src")) is not strip(values):
         return False
-    if reduce == "sum" and not _zeros(_arg(table, "input")):
-        return False  # a sum scattered onto other values is not the group's own sum
+    if reduce == "sum" and not _nonnegative_fill(_arg(table, "input")):
+        return False  # a sum scattered onto values that may be negative may cross 0
     shape, length = shape_of(values), shape_of(index)
     if not (isinstance(index, fx.Node) and shape and length is not None and len(length) == 1
             and shape_of(gathered) == shape and shape[0] == length[0]):
         return False
     laid = _arg(table, "index")
+    if shape_of(laid) != shape:
+        return False  # an index narrower than the values scatters only its own columns: the rest keep the base
     while isinstance(laid, fx.Node) and laid is not index and _op_name(laid) in _INDEX_PLUMBING:
         laid_shape = shape_of(laid)
         if not laid_shape or laid_shape[0] != length[0] or any(s != 1 and s != v for s, v in zip(laid_shape[1:],
                                                                                              shape[1:])):
             return False  # the index's entries must stay along axis 0, one per entry of values
         laid = _arg(laid, "input")
-    return laid is index
+    return strip(laid) is strip(index)  # an exact copy of the index (index.clone()) holds the same groups
 
 
-def _zeros(node: Any) -> bool:
+def _nonnegative_fill(node: Any) -> bool:
+    """A tensor of one number >= 0 (zeros, ones, a full of c >= 0): a base that only adds to a sum of
+    non-negative entries, so the entry over it stays in [0, 1]."""
     node = strip(node)
     name = _op_name(node)
-    return name in ("zeros", "zeros_like", "new_zeros") or (
-        name in ("full", "full_like", "new_full") and _arg(node, "fill_value") == 0)
+    fill = _arg(node, "fill_value")
+    return name in ("zeros", "zeros_like", "new_zeros", "ones", "ones_like", "new_ones") or (
+        name in ("full", "full_like", "new_full") and _is_number(fill) and fill >= 0)
 
 
 def _own_max_shift(node: fx.Node) -> Optional[OwnMaxShift]:

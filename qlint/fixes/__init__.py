@@ -35,6 +35,9 @@ class FixError(QlintError):
     """--diff / --fix cannot run (libcst missing)."""
 
 
+FUNCTION_PRESERVING: frozenset[str] = frozenset()  # remedy kinds that keep the model's function: none yet
+
+
 @dataclass(frozen=True)
 class Patch:
     """One file's re-certified change: the remedies written into it and the blocks they certify."""
@@ -46,6 +49,13 @@ class Patch:
     blocks: tuple[str, ...]
     q_after: dict[str, Optional[float]]
     encoding: str = "utf-8"  # the file's own (a coding line); its line endings stay as they are in the text
+
+    @property
+    def unsafe(self) -> bool:
+        """Whether the patch changes the function the model computes (ruff's unsafe fix): a trained
+        checkpoint no longer computes what it did. Every remedy does today (a norm added, a gate or an
+        activation replaced); :data:`FUNCTION_PRESERVING` would name one that does not."""
+        return any(kind not in FUNCTION_PRESERVING for kind in self.kinds)
 
     @property
     def diff(self) -> str:

@@ -129,8 +129,11 @@ def test_markdown_summary(repo):
     row = "| QL104 | info | `pkg/model.py:poly` | `layers.1` | `pkg/model.py:22` | layers.1: Post-LN \\| update |"
     assert row in text
     assert text.rstrip().endswith("**Found 3 findings (2 errors, 1 info).**")
-    clean = Report([make_report(repo).models[1]])
-    assert "### Findings" not in render(clean, "markdown") and "All checks passed!" in render(clean, "markdown")
+    clean = Report([make_report(repo).models[1]])  # built without the witness: the summary says a check did not run
+    assert "### Findings" not in render(clean, "markdown")
+    assert "No findings, but not every check ran (see the verdicts)." in render(clean, "markdown")
+    clean.models[0].extra["witness"] = "1 certified block(s) on the graph (float64): none refuted"
+    assert "All checks passed!" in render(clean, "markdown")
 
 
 # -- SARIF ------------------------------------------------------------------------

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import os
 
+import click
+import pytest
 import torch
 from torch import nn
 
@@ -39,8 +41,17 @@ def test_a_read_in_the_models_own_code_is_its_condition():
     assert (condition.kind, condition.name, condition.line) == ("environment", "QLINT_TEST_SWITCH", 2)
 
 
+INSTALLED = click.__file__  # a file of an installed package
+
+
 def test_a_read_in_an_installed_package_is_the_librarys_configuration():
-    assert _conditions(_compiled("/venv/lib/python3.11/site-packages/lib/switch.py")) == []
+    assert _conditions(_compiled(INSTALLED)) == []
+
+
+def test_a_path_that_only_looks_installed_is_the_models_own():
+    """A project folder named site-packages, or code compiled under an installed-looking name that is no file."""
+    (condition,) = _conditions(_compiled("/venv/lib/python3.11/site-packages/lib/switch.py"))
+    assert condition.name == "QLINT_TEST_SWITCH"
 
 
 def _checkpointed(switch):
@@ -86,4 +97,30 @@ def test_a_dtype_read_by_the_models_own_code_is_seen_in_each_spelling():
     assert _reads_dtype(own, "x.dtype is None")
     assert _reads_dtype(own, "x.type()") and _reads_dtype(own, "x.element_size()")
     assert not _reads_dtype(own, "x.shape[0]")
-    assert not _reads_dtype("/venv/lib/python3.11/site-packages/lib/read.py", "x.dtype")  # a library's own upcast
+    assert not _reads_dtype(INSTALLED, "x.dtype")  # a library's own upcast
+
+
+SPELLINGS = {  # a read of process state in the model's own code: the condition's kind
+    "default argument": ("import threading\nFLAGS = threading.local()\n"
+                         "def switch(flags=FLAGS):\n    return getattr(flags, 'on', False)\n", "thread state"),
+    "class attribute": ("import threading\nclass State:\n    tls = threading.local()\n"
+                        "def switch():\n    return getattr(State.tls, 'on', False)\n", "thread state"),
+    "thread identity": ("import threading\ndef switch():\n    return threading.get_ident() in ()\n", "thread state"),
+    "os.environ read directly": ("import os\ndef switch():\n    return os.environ._data.get(b'X')\n", "environment"),
+    "ctypes": ("import ctypes\nLIBC = ctypes.CDLL(None)\ndef switch():\n    return LIBC.getpid()\n", "native code"),
+    "command line": ("import sys\ndef switch():\n    return '--fast' in sys.argv\n", "command line"),
+    "loaded modules": ("import sys\ndef switch():\n    return 'qlint' in sys.modules\n", "loaded modules"),
+    "python random": ("import random\ndef switch():\n    return random.random() < 1e-6\n", "random"),
+    "clock_gettime": ("import time\ndef switch():\n    return time.clock_gettime(time.CLOCK_MONOTONIC) < 0\n", "clock"),
+    "traceback frames": ("def switch():\n    try:\n        raise ValueError\n    except ValueError as error:\n"
+                         "        return error.__traceback__.tb_frame.f_back.f_code.co_name\n", "call stack"),
+    "thread count": ("import torch\ndef switch():\n    return torch.get_num_threads() > 1\n", "torch setting"),
+}
+
+
+@pytest.mark.parametrize("spelling", list(SPELLINGS))
+def test_each_spelling_of_process_state_is_a_condition(spelling):
+    source, kind = SPELLINGS[spelling]
+    namespace: dict = {}
+    exec(compile(source, "/home/me/project/switches.py", "exec"), namespace)
+    assert kind in {condition.kind for condition in _conditions(namespace["switch"])}

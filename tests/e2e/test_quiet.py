@@ -22,10 +22,15 @@ EXPECTED = {  # factory: (verdict, max q)
     "direction_times_linear": ("certified", 1.0),
     "direction_times_square": ("supercritical", 2.0),
     "rotation_by_data_angles": ("certified", 1.0),
+    "rotation_with_an_offset": ("certified", 1.0),
     "rotation_with_a_real_part": ("supercritical", None),
     "edge_softmax": ("certified", 1.0),
     "edge_softmax_shifted_by_another_node": ("uncertified", None),  # exp(s - max) unbounded, then divided
     "edge_softmax_summed_onto_a_learned_base": ("uncertified", None),  # base + sum may cross 0
+    "edge_softmax_summed_onto_ones": ("certified", 1.0),
+    "custom_op_function": ("certified", 1.0),
+    "custom_op_decomposed_square": ("supercritical", 2.0),
+    "custom_op_with_its_own_kernel": ("uncertified", None),  # the CPU kernel is not the function qlint can read
 }
 
 

@@ -29,13 +29,20 @@ def add(call: Call, entry: Any) -> Any:
     alpha = call.operand("alpha", 1)
     if a is None or b is None:
         return combine_max(a, b)
-    if entry.id == "rsub":  # rsub(input, other, alpha) = other - alpha * input
-        a, term = b, negated(scaled(a, alpha))
-    elif entry.id == "sub":
-        term = negated(scaled(b, alpha))
-    else:
-        term = scaled(b, alpha)
-    return combine_max(a, term, r=domain.add(range_of(a), range_of(term)))
+    first, second = (b, a) if entry.id == "rsub" else (a, b)
+    term = scaled(second, alpha)
+    term = negated(term) if entry.id in ("rsub", "sub") else term
+    total = combine_max(first, term, r=domain.add(range_of(first), range_of(term)))
+    if total.real is not True and is_number(alpha) and not isinstance(alpha, complex):  # Re(a + c b) = Re a + c Re b
+        step = domain.mul(domain.point(-float(alpha) if entry.id in ("rsub", "sub") else float(alpha)),
+                          _real_part(second))
+        return replace(total, real_part=domain.add(_real_part(first), step))
+    return total
+
+
+def _real_part(g: Growth) -> Range:
+    """The range of a value's real part: a real value's own, a complex one's ``real_part``."""
+    return g.range if g.real is True else g.real_part if g.real is False else ANY
 
 
 @transfer("neg")
