@@ -138,11 +138,9 @@ class ProcessReads:
             code = frame.f_code
             if code is _ENVIRONMENT_LOOKUP:
                 self._environment_read(frame)
-            elif model_code(code.co_filename):
-                named = self._state_named(frame)
-                if named and _reader(frame) is frame:
-                    for kind, what, line in named:
-                        self._note(kind, what, frame, line)
+            elif own_code(code.co_filename):  # the model's own code reads what it names (an installed package's
+                for kind, what, line in self._state_named(frame):  # reads are its configuration)
+                    self._note(kind, what, frame, line)
         elif event == "c_call":
             if arg in _STACK_READS and (model_code(frame.f_code.co_filename)
                                         or frame.f_code.co_filename.endswith(_STACK_READERS)):
