@@ -269,7 +269,7 @@ def _source_fixes(config: Any, *, write: bool, verbose: bool, unsafe: bool) -> t
     held_back = 0
     for spec, patch in chosen.values():
         what = f"{', '.join(patch.kinds)} certifies {', '.join(f'`{b}`' for b in patch.blocks)}"
-        if patch.unsafe:
+        if patch.unsafe and not write:
             what += " (unsafe: it changes what the model computes, and trained weights do not carry over)"
         if write and patch.unsafe and not unsafe:
             held_back += 1

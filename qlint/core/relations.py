@@ -157,17 +157,22 @@ def _is_number(value: Any) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
 
 
-def strip(node: Any) -> Any:
-    """Follow value-preserving copies and casts back to the value they carry: a copy, or a floating cast
-    that keeps every value (to the same or a wider dtype). A narrowing cast rounds: ``s.bfloat16().amax()``
-    may lie below an entry of s, so s minus it is not <= 0."""
+def strip(node: Any, *, exact: bool = False) -> Any:
+    """Follow copies and floating casts back to the value they carry. ``exact``: only casts that keep every
+    value (to the same or a wider dtype), for an order between values: ``s.bfloat16().amax()`` may lie
+    below an entry of s, so s minus it is not <= 0. A normalisation is bounded whatever the rounding."""
     while isinstance(node, fx.Node) and "qlint" in node.meta:
         op = _op(node)
-        if op == "copy" or (op in ("cast", "cast_float") and _floating_or_same(node) and _exact_cast(node)):
+        if op == "copy" or (op in ("cast", "cast_float") and _floating_or_same(node)
+                            and (not exact or _exact_cast(node))):
             node = _arg(node, "input")
             continue
         break
     return node
+
+
+def strip_exact(node: Any) -> Any:
+    return strip(node, exact=True)
 
 
 # floating dtypes each one holds every value of (a cast up is exact; bfloat16 and float16 hold each other's not)
@@ -575,17 +580,17 @@ def match_normalisation(node: fx.Node) -> Optional[Normalisation]:
 def _own_sum_ratio(node: fx.Node) -> Optional[OwnSumRatio]:
     if _op(node) != "div" or _arg(node, "rounding_mode") is not None:
         return None
-    numerator, denominator = strip(_arg(node, "input")), _arg(node, "other")
+    numerator, denominator = strip_exact(_arg(node, "input")), _arg(node, "other")
     if not isinstance(numerator, fx.Node) or not isinstance(denominator, fx.Node):
         return None
     inner, eps, scale = _eps_wrapped(denominator)
     if inner is not None and scale == 1.0 and _gathered_own_group(inner, numerator, ("sum",)):
         return OwnSumRatio(numerator, eps)
-    if _gathered_own_group(strip(denominator), numerator, ("sum",), eps_first=True):
+    if _gathered_own_group(strip_exact(denominator), numerator, ("sum",), eps_first=True):
         return OwnSumRatio(numerator, True)  # torch_geometric adds eps before gathering: (scatter_sum + eps)[index]
     if inner is None or scale != 1.0 or _op(inner) != "sum" or not _keeps_dims(inner):
         return None
-    if strip(_arg(inner, "input")) is not numerator:
+    if strip_exact(_arg(inner, "input")) is not numerator:
         return None
     return OwnSumRatio(numerator, eps, floored=_largest_of_softmax(numerator, inner))
 
@@ -641,22 +646,23 @@ def _gathered_own_group(gathered: Any, values: fx.Node, reduces: tuple[str, ...]
     entries to the group. ``eps_first``: the table read back is the scatter plus a number eps > 0."""
     name, indices = _op_name(gathered), _arg(gathered, "indices")
     if name == "index_select" and _arg(gathered, "dim") == 0:
-        table, index = strip(_arg(gathered, "input")), _arg(gathered, "index")
+        table, index = strip_exact(_arg(gathered, "input")), _arg(gathered, "index")
     elif name == "index" and isinstance(indices, (list, tuple)) and len(indices) == 1:
-        table, index = strip(_arg(gathered, "input")), indices[0]
+        table, index = strip_exact(_arg(gathered, "input")), indices[0]
     elif name == "getitem" and isinstance(_arg(gathered, "index"), fx.Node):  # table[index], as symbolic_trace has it
-        table, index = strip(_arg(gathered, "input")), _arg(gathered, "index")
+        table, index = strip_exact(_arg(gathered, "input")), _arg(gathered, "index")
     else:
         return False
     if eps_first:
         table, eps, scale = _eps_wrapped(table)
         if table is None or not eps or scale != 1.0:
             return False
-        table = strip(table)
+        table = strip_exact(table)
     scatter = _op_name(table)
     reduce = "sum" if scatter in ("scatter_add", "scatter_add_") else (
         _arg(table, "reduce") if scatter in ("scatter_reduce", "scatter_reduce_") else None)
-    if reduce not in reduces or _arg(table, "dim") != 0 or strip(_arg(table, "src")) is not strip(values):
+    source = strip_exact(_arg(table, "src"))
+    if reduce not in reduces or _arg(table, "dim") != 0 or source is not strip_exact(values):
         return False
     if reduce == "sum" and not _nonnegative_fill(_arg(table, "input")):
         return False  # a sum scattered onto values that may be negative may cross 0
@@ -673,7 +679,7 @@ def _gathered_own_group(gathered: Any, values: fx.Node, reduces: tuple[str, ...]
                                                                                              shape[1:])):
             return False  # the index's entries must stay along axis 0, one per entry of values
         laid = _arg(laid, "input")
-    return strip(laid) is strip(index)  # an exact copy of the index (index.clone()) holds the same groups
+    return strip_exact(laid) is strip_exact(index)  # a copy of the index (index.clone()) holds the same groups
 
 
 def _nonnegative_fill(node: Any) -> bool:
@@ -689,14 +695,14 @@ def _nonnegative_fill(node: Any) -> bool:
 def _own_max_shift(node: fx.Node) -> Optional[OwnMaxShift]:
     if _op(node) != "sub" or _arg(node, "alpha", 1) != 1:
         return None
-    source, shift = strip(_arg(node, "input")), strip(_arg(node, "other"))
+    source, shift = strip_exact(_arg(node, "input")), strip_exact(_arg(node, "other"))
     if not isinstance(source, fx.Node) or not isinstance(shift, fx.Node):
         return None
     if _gathered_own_group(shift, source, ("amax", "max")):
         return OwnMaxShift(source)
     # s.max(dim, keepdim=True).values is getitem(max.dim(...), 0)
     if _op(shift) == "view" and _op_name(shift) == "getitem" and facts(shift).bound.arguments.get("index") == 0:
-        shift = strip(_arg(shift, "input"))
+        shift = strip_exact(_arg(shift, "input"))
     op = _op(shift)
     if op == "extremum" and _op_name(shift) in ("amax", "max") and _arg(shift, "other") is None:
         pass
@@ -704,7 +710,7 @@ def _own_max_shift(node: fx.Node) -> Optional[OwnMaxShift]:
         pass
     else:
         return None
-    if strip(_arg(shift, "input")) is not source or not _keeps_dims(shift):
+    if strip_exact(_arg(shift, "input")) is not source or not _keeps_dims(shift):
         return None
     return OwnMaxShift(source)
 

@@ -385,8 +385,8 @@ def probe(model: torch.nn.Module, inputs: tuple, dynamic: bool, guards: list[str
     for other_inputs, where in other_ranks(inputs):
         if runs(other_inputs):
             ranks.append(where)
-            if not same_path(other_inputs):
-                uncovered.append(Other(other_inputs, False, where))
+            if not same_path(other_inputs):  # first: analysed among the first MAX_SHAPES, not left a gap
+                uncovered.insert(0, Other(other_inputs, False, where))
     parts = [f"{'dynamic' if dynamic else 'static'} export, checked against the model on {tried} other input shape(s) "
              "(size 1 and sizes >= 2)"]
     if ranks:
