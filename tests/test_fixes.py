@@ -192,7 +192,8 @@ def test_without_libcst_the_flags_fail_in_one_line(tmp_path, monkeypatch):
     monkeypatch.setitem(sys.modules, "libcst", None)
     from qlint.fixes import FixError, source_patches
 
-    with pytest.raises(FixError, match=r"needs libcst: pip install 'torch-qlint\[fix\]'"):
+    with pytest.raises(FixError,
+                       match=r"needs the \[fix\] extra \(libcst is not installed\): pip install 'torch-qlint\[fix\]'"):
         source_patches(None, "fixable.py:cubic", tmp_path)
 
 

@@ -39,8 +39,9 @@ from qlint.core.algebra import format_q
 from qlint.core.results import Finding, ModelReport, Report, Source, set_html_renderer
 
 
-def _information_uri() -> str:
-    """The project's home page from the installed metadata, else its PyPI page."""
+def _information_uri() -> str | None:
+    """The project's home page from the installed metadata (its ``[project.urls]``), else None: no
+    package index has torch-qlint, so there is no page to point at that the metadata does not name."""
     try:
         from importlib.metadata import metadata
 
@@ -48,12 +49,13 @@ def _information_uri() -> str:
         for entry in meta.get_all("Project-URL") or []:
             label, _, url = entry.partition(",")
             if label.strip().lower() in ("homepage", "home", "source", "repository") and url.strip():
-                return url.strip()
-        if meta.get("Home-page"):
+                if "pypi.org/" not in url:  # an install made before pyproject stopped naming PyPI
+                    return url.strip()
+        if meta.get("Home-page") and "pypi.org/" not in str(meta["Home-page"]):
             return str(meta["Home-page"])
-    except Exception:  # noqa: BLE001  (not installed: fall back)
+    except Exception:  # noqa: BLE001  (not installed)
         pass
-    return f"https://pypi.org/project/{DISTRIBUTION}/"
+    return None
 
 
 SARIF_SCHEMA = "https://json.schemastore.org/sarif-2.1.0.json"
@@ -350,7 +352,7 @@ def to_sarif(report: Report, root: Optional[Path] = None) -> dict[str, Any]:
                         "name": "qlint",
                         "version": __version__,
                         "semanticVersion": __version__,
-                        "informationUri": _information_uri(),
+                        **({"informationUri": uri} if (uri := _information_uri()) else {}),
                         "rules": rules,
                     }
                 },

@@ -52,7 +52,7 @@ from qlint.cli.failures import fail_cleanly
 @click.option("--isolated", is_flag=True, help="Ignore every configuration file.")
 @click.option("--loop", "loop", is_flag=True,
               help="Instead, iterate each weight-shared loop to its fixed point: residuals, rho_spec(J_G), ||J_G||_2 "
-                   "(source 003).")
+                   "(after 'LayerNorm as Implicit Gain Control in Looped Transformers').")
 @width_option
 @click.option("--traceback", "show_traceback", is_flag=True, help="Show the Python traceback of a failure.")
 def command(
@@ -133,7 +133,7 @@ def _require_matplotlib() -> None:
     try:
         import matplotlib  # noqa: F401
     except ImportError:
-        click.echo("qlint: error: qlint probe --plot needs matplotlib, which is not installed: "
+        click.echo("qlint: error: qlint probe --plot needs the [plot] extra (matplotlib is not installed): "
                    "pip install 'torch-qlint[plot]'", err=True)
         sys.exit(2)
 

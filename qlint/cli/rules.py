@@ -34,7 +34,8 @@ def command(as_json: bool, table1: bool, width: Optional[int]) -> None:
     from rich.markup import escape
     from rich.table import Table
 
-    table = Table(title="qlint primitive catalogue (★ = row of Table 1, paper 000)", show_lines=True)
+    table = Table(title="qlint primitive catalogue (★ = a row of Table 1 of the paper: README, Sources)",
+                  show_lines=True)
     table.add_column("primitive", style="bold")
     table.add_column("q", justify="center")
     table.add_column("coefficient c")

@@ -16,16 +16,21 @@ import click
 # = tuple(qlint.verify.grid.SCALES), spelled out so that `--help` needs no numpy (tested)
 SCALE_NAMES = ("smoke", "small", "small-v1", "paper")
 
-VERIFY_EXTRA = "pip install 'torch-qlint[verify]'"
+
+def extra_hint(extra: str) -> str:
+    """How to add ``extra`` where qlint is installed: pip takes the extra's packages from the installed
+    torch-qlint's metadata (no package index has torch-qlint itself)."""
+    return f"pip install 'torch-qlint[{extra}]'"
 
 
-def require(*modules: str, why: str = "", hint: str = VERIFY_EXTRA) -> None:
-    """Exit 2 with one line naming what to install when one of ``modules`` cannot be imported."""
+def require(*modules: str, why: str = "", extra: str = "verify", also: str = "") -> None:
+    """Exit 2 with one line naming the extra to install when one of ``modules`` cannot be imported."""
     for name in modules:
         try:
             importlib.import_module(name)
         except ImportError:
-            click.echo(f"qlint: error: qlint verify{why} needs {name}, which is not installed: {hint}", err=True)
+            click.echo(f"qlint: error: qlint verify{why} needs the [{extra}] extra ({name} is not installed): "
+                       f"{extra_hint(extra)}{also}", err=True)
             sys.exit(2)
 
 
@@ -107,9 +112,9 @@ def grid(scale, data, out, device, lr, d_model, batch_size, steps, d_state, revi
     and is recorded in each run's row."""
     require("numpy")
     if not no_figures:
-        require("matplotlib", why=" grid's figures", hint=f"{VERIFY_EXTRA} (or pass --no-figures)")
+        require("matplotlib", why=" grid", also=", or pass --no-figures")
     if backend == "ray":
-        require("ray", why=" --backend ray", hint="pip install 'torch-qlint[distributed]'")
+        require("ray", why=" --backend ray", extra="distributed")
     if bf16:
         if amp not in (None, "bf16"):
             raise click.UsageError(f"--bf16 contradicts --amp {amp}")
@@ -191,7 +196,7 @@ def table(out, no_figures):
     """Rebuild table2.md / table2.csv (and figures) from OUT/runs.jsonl."""
     require("numpy")
     if not no_figures:
-        require("matplotlib", why=" table's figures", hint=f"{VERIFY_EXTRA} (or pass --no-figures)")
+        require("matplotlib", why=" table", also=", or pass --no-figures")
     from qlint.verify.tables import write_tables
 
     md = write_tables(out)

@@ -123,16 +123,25 @@ def _original(value: fx.Node, replaced: dict) -> fx.Node:
 
 
 def _ones(value: Any) -> bool:
-    """A tensor of ones, through plumbing (views, casts, copies)."""
+    """A tensor of ones, through plumbing that computes from its input alone (views, casts, copies; not
+    ``copy_(ones, src)``, plumbing too, whose entries are src's)."""
     while (isinstance(value, fx.Node) and "qlint" in value.meta and facts(value).plumbing
            and op_name(value) not in _ONES):
-        value = _argument(value, "input")
+        source = _argument(value, "input")
+        if any(other is not source and not _a_size(other) for other in value.all_input_nodes):
+            return False  # another value enters: the entries may be its
+        value = source
     if not isinstance(value, fx.Node) or "qlint" not in value.meta:
         return False
     name = op_name(value)
     if name in _ONES:
         return True
     return name in _FULL and _argument(value, "fill_value") == 1
+
+
+def _a_size(node: fx.Node) -> bool:
+    """A length (a view's target shape on a dynamic export), not a tensor."""
+    return isinstance(node.meta.get("val"), (int, torch.SymInt)) or op_name(node) in ("size", "sym_size", "numel")
 
 
 def _normalised(dims: Any, source: fx.Node) -> Optional[frozenset[int]]:

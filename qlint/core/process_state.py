@@ -102,6 +102,8 @@ class ProcessReads:
         self._held(model)
 
     def __enter__(self) -> "ProcessReads":
+        import torch._dynamo  # noqa: F401  (torch imports it on a forward's first op: 2M profiled events, seconds)
+
         self._previous = sys.getprofile()
         sys.setprofile(self._event)
         return self
@@ -125,10 +127,9 @@ class ProcessReads:
     def _held(self, model: Any) -> None:
         """A thread-local or context variable a submodule holds as an attribute: its forward may read it."""
         for path, module in model.named_modules():
-            if _installed(_class_place(module)[0]):
-                continue  # an installed library's module: its state is its configuration
             for name, value in vars(module).items():
-                if isinstance(value, _THREAD_STATE):
+                if isinstance(value, _THREAD_STATE) and not _installed(_class_place(module)[0]):
+                    # (an installed library's module: its state is its configuration)
                     self.found[("thread state", f"{path or 'model'}.{name}")] = Condition(
                         "thread state", _describe(value, f"{path + '.' if path else ''}{name}") + " the model holds",
                         *_class_place(module))

@@ -15,6 +15,7 @@ not written for, gives unknown (:meth:`qlint.core.ops.Call.unread`).
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import operator
 from typing import Any, Iterable, Optional
@@ -421,6 +422,9 @@ class GrowthProp(fx.Interpreter):
         v = leading(self.env[selection.base])
         if not (isinstance(computed, Growth) and v.real is True and v.known and v.depends):
             return computed
+        held = selection.threshold
+        if held is not None and (held not in self.env or leading(self.env[held]).depends):
+            return computed  # a threshold that moves with the input bounds nothing
         values = []
         for name, taken in (("input", selection.taken), ("other", selection.left)):
             branch = facts(node).bound.arguments.get(name)
@@ -432,10 +436,13 @@ class GrowthProp(fx.Interpreter):
                 return computed
             lo, hi, lo_open, hi_open = taken
             r = v.range
-            restricted = Growth(v.q, depends=True, real=True, range=Range(
-                lo=max(r.lo, lo), hi=min(r.hi, hi), pos=r.pos or (lo >= 0 and (lo_open or lo > 0)),
-                neg=r.neg or (hi <= 0 and (hi_open or hi < 0)), below=r.below or lo > -math.inf,
-                above=r.above or hi < math.inf, floor=r.floor, ceil=r.ceil))
+            if held is not None:  # bounded on its finite sides per parameter value, at no known number
+                bounds = dataclasses.replace(r, below=r.below or lo > -math.inf, above=r.above or hi < math.inf)
+            else:
+                bounds = Range(lo=max(r.lo, lo), hi=min(r.hi, hi), pos=r.pos or (lo >= 0 and (lo_open or lo > 0)),
+                               neg=r.neg or (hi <= 0 and (hi_open or hi < 0)), below=r.below or lo > -math.inf,
+                               above=r.above or hi < math.inf, floor=r.floor, ceil=r.ceil)
+            restricted = Growth(v.q, depends=True, real=True, range=bounds)
             local = self.propagate({selection.base: restricted}, cone, self.env) if cone else {}
             values.append(leading(local.get(branch, restricted if branch is selection.base else self.env[branch])))
         dependent = [g for g in values if g.depends]

@@ -91,11 +91,14 @@ class OwnMaxShift:
 class Selection:
     """``where(condition, input, other)`` whose condition compares ``base`` entrywise with a fixed number:
     ``input`` is taken only where base lies in ``taken`` (lo, hi, lo open, hi open), ``other`` only where it
-    lies in ``left`` (None: anywhere)."""
+    lies in ``left`` (None: anywhere). A threshold computed from parameters (a learnable Huber ``delta``) is
+    ``threshold``: which sides of the sets are finite is known, not where (they are per parameter value);
+    the propagation checks that it does not depend on the input."""
 
     base: fx.Node
     taken: tuple[float, float, bool, bool]
     left: Optional[tuple[float, float, bool, bool]]
+    threshold: Optional[fx.Node] = None
 
 
 _SIDES = {"gt": ((1, False), (0, True)), "ge": ((1, True), (0, False)),  # (side, closed) of the taken / left set
@@ -111,19 +114,20 @@ def _selection(node: fx.Node) -> Optional[Selection]:
     if name not in _SIDES or "qlint" not in condition.meta:
         return None
     base, threshold = _arg(condition, "input"), _arg(condition, "other")
-    if not (isinstance(base, fx.Node) and _is_number(threshold)):
+    if not (isinstance(base, fx.Node) and (_is_number(threshold) or isinstance(threshold, fx.Node))):
         return None
-    t = float(threshold)
+    held = threshold if isinstance(threshold, fx.Node) else None
+    t = 1.0 if held is not None else float(threshold)  # a held threshold: only the finite sides are read
     (taken_side, taken_closed), (left_side, left_closed) = _SIDES[name]
     if _op_name(base) == "abs" and isinstance(_arg(base, "input"), fx.Node):
         if taken_side == 1 or t <= 0:
             return None  # |v| > t leaves v unbounded on both sides; only |v| < t bounds it
-        return Selection(_arg(base, "input"), (-t, t, not taken_closed, not taken_closed), None)
+        return Selection(_arg(base, "input"), (-t, t, not taken_closed, not taken_closed), None, held)
 
     def half(side: int, closed: bool) -> tuple[float, float, bool, bool]:
         return (t, math.inf, not closed, False) if side == 1 else (-math.inf, t, False, not closed)
 
-    return Selection(base, half(taken_side, taken_closed), half(left_side, left_closed))
+    return Selection(base, half(taken_side, taken_closed), half(left_side, left_closed), held)
 
 
 def find(nodes: list[fx.Node]) -> None:
@@ -188,13 +192,11 @@ def _exact_cast(node: fx.Node) -> bool:
 
 
 def _floating_or_same(node: fx.Node) -> bool:
-    bound = facts(node).bound
-    if bound is None:
+    """A cast that gives a real floating value, judged by the dtype it produced, whatever names it (a dtype,
+    ``type('torch.IntTensor')``, a tensor's type): an integer cast truncates, and past its range wraps."""
+    bound, target = facts(node).bound, dtype_of(node)
+    if bound is None or target is None or not target.is_floating_point:
         return False
-    for name in ("dtype", "device"):
-        value = bound.arguments.get(name)
-        if isinstance(value, torch.dtype) and not (value.is_floating_point and not value.is_complex):
-            return False
     other = bound.arguments.get("other")
     if isinstance(other, fx.Node):
         return False

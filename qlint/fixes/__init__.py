@@ -108,7 +108,8 @@ def source_patches(settings: Any, spec: str, root: Optional[Path] = None, analys
     try:
         import libcst  # noqa: F401
     except ImportError:
-        raise FixError("qlint --diff/--fix needs libcst: pip install 'torch-qlint[fix]'") from None
+        raise FixError("qlint --diff/--fix needs the [fix] extra (libcst is not installed): "
+                       "pip install 'torch-qlint[fix]'") from None
     from qlint.fixes.edits import EditError, FileEdit, apply, edits_for
     from qlint.remedies import base_module, propose
     from qlint.remedies.context import BlockContext

@@ -65,7 +65,7 @@ def _pyplot():
         import matplotlib.pyplot as plt
     except ImportError as exc:  # pragma: no cover - depends on the environment
         raise RuntimeError(
-            f"qlint verify figures need matplotlib: {INSTALL_HINT}"
+            f"qlint verify figures need the [verify] extra (matplotlib is not installed): {INSTALL_HINT}"
         ) from exc
     return plt
 

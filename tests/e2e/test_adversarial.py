@@ -45,6 +45,7 @@ CONSERVATIVE = {
     "r1_decays.py:slstm_stabilised_safe": "exp(i - m_t) <= 1 needs m_t >= i, a relation through the max-stabiliser the domain does not keep",
     "r1_linalg.py:skew_matrix_exp_rotation_safe": "matrix_exp of a matrix computed from x is orthogonal only for a skew argument: structure the domain does not keep",
     "r1_linalg.py:cayley_rotation_safe": "solve(I - S, I + S) of a skew S from x is orthogonal: structure the domain does not keep",
+    "r6_casts.py:own_shift_int64_safe": "an integer cast is not followed by the relations: past 2^63 a float -> int64 conversion wraps to INT64_MIN, so n / (int64(n) + 1) then grows like n (exact only below 9.2e18, which the label measures)",
     "r1_buffers.py:denorm_with_running_std_safe": "a buffer the forward writes (running statistics) read by value outside BatchNorm is unknown",
 }
 

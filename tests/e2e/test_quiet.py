@@ -16,6 +16,9 @@ EXPECTED = {  # factory: (verdict, max q)
     "huber_written_out": ("certified", 1.0),
     "elu_wrong_side": ("supercritical", None),  # exp(h) for h > 0: faster than any power
     "huber_outside": ("supercritical", 2.0),
+    "huber_learned_threshold": ("certified", 1.0),
+    "huber_learned_one_side": ("supercritical", 2.0),
+    "huber_input_threshold": ("supercritical", 2.0),
     "selected_through_a_matmul": ("supercritical", 2.0),
     "straight_through": ("certified", 1.0),
     "half_cancelled": ("supercritical", 2.0),

@@ -60,7 +60,8 @@ def test_probe_plot_without_matplotlib_is_one_line_and_exit_2(tmp_path, monkeypa
     monkeypatch.setitem(sys.modules, "matplotlib", None)
     result = CliRunner().invoke(main, ["probe", POLY, *QUICK, "--plot", str(tmp_path / "g.png")])
     assert result.exit_code == 2
-    assert "qlint probe --plot needs matplotlib" in result.output and not (tmp_path / "g.png").exists()
+    assert "qlint probe --plot needs the [plot] extra (matplotlib" in result.output
+    assert not (tmp_path / "g.png").exists()
 
 
 def test_plot_and_html_are_refused_with_loop():

@@ -36,7 +36,7 @@ def test_verify_without_numpy_exits_2_with_one_line(args, tmp_path):
     proc = _without("numpy", _qlint(*args))
     assert proc.returncode == 2, proc.stderr
     assert proc.stderr.splitlines() == [
-        "qlint: error: qlint verify needs numpy, which is not installed: pip install 'torch-qlint[verify]'"
+        "qlint: error: qlint verify needs the [verify] extra (numpy is not installed): pip install 'torch-qlint[verify]'"
     ]
     assert not any(tmp_path.iterdir())  # nothing was started
 
@@ -45,8 +45,8 @@ def test_verify_without_matplotlib_names_the_extra_and_the_way_out(tmp_path):
     proc = _without("matplotlib", _qlint("verify", "grid", "--scale", "smoke", "--out", str(tmp_path)))
     assert proc.returncode == 2, proc.stderr
     assert proc.stderr.splitlines() == [
-        "qlint: error: qlint verify grid's figures needs matplotlib, which is not installed: "
-        "pip install 'torch-qlint[verify]' (or pass --no-figures)"
+        "qlint: error: qlint verify grid needs the [verify] extra (matplotlib is not installed): "
+        "pip install 'torch-qlint[verify]', or pass --no-figures"
     ]
     proc = _without("matplotlib", _qlint("verify", "figure1", "--out", str(tmp_path / "f.png")))
     assert proc.returncode == 2 and "pip install 'torch-qlint[verify]'" in proc.stderr
@@ -56,7 +56,7 @@ def test_ray_backend_without_ray_names_the_distributed_extra(tmp_path):
     proc = _without("ray", _qlint("verify", "grid", "--scale", "smoke", "--out", str(tmp_path), "--backend", "ray"))
     assert proc.returncode == 2, proc.stderr
     assert proc.stderr.splitlines() == [
-        "qlint: error: qlint verify --backend ray needs ray, which is not installed: "
+        "qlint: error: qlint verify --backend ray needs the [distributed] extra (ray is not installed): "
         "pip install 'torch-qlint[distributed]'"
     ]
 
