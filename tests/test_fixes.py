@@ -308,7 +308,7 @@ def test_a_norm_added_above_does_not_shift_the_next_blocks_edit(tmp_path):
     shown = _qlint(repo, "two.py:build_model", "--diff")
     assert shown.returncode == 1, shown.stderr
     assert "# two.py:build_model: preln, lipschitz_activation certifies `0`, `1`" in shown.stderr
-    assert "+        self.qlint_preln = nn.LayerNorm(8)\n" in shown.stdout
+    assert "+        self.qlint_preln = nn.LayerNorm(d)\n" in shown.stdout  # the constructor's own width
     assert "+        return x + self.down(nn.functional.gelu(self.up(x)))\n" in shown.stdout
     (repo / "fix.patch").write_text(shown.stdout)
     subprocess.run(["git", "apply", "fix.patch"], cwd=repo, check=True)
@@ -468,3 +468,72 @@ def test_a_model_that_ends_the_process_cannot_decide_the_exit_code(tmp_path):
     assert "qlint: error: ends.py:build_model: the model's code ended the process (exit code 0)" in both.stderr
     alone = _qlint(repo, "ends.py:build_model", "--diff")
     assert (alone.returncode, alone.stdout) == (2, "")
+
+
+WIDTHS = textwrap.dedent('''\
+    import torch
+    from torch import nn
+
+
+    class Bilinear(nn.Module):
+        def __init__(self, d):
+            super().__init__()
+            self.a, self.b = nn.Linear(d, 2 * d), nn.Linear(d, 2 * d)
+            self.c = nn.Linear(2 * d, d)
+
+        def forward(self, x):
+            return x + self.c(self.a(x) * self.b(x))
+
+
+    class Widen(nn.Module):
+        def __init__(self, d):
+            super().__init__()
+            self.d = d
+
+        def forward(self, x):
+            return torch.cat([x, x], dim=-1) / 2 ** 0.5
+
+
+    def build_model():
+        torch.manual_seed(0)
+        return nn.Sequential(Bilinear(8), Widen(8), Bilinear(16)), (torch.randn(4, 8),)
+
+
+    class Square(nn.Module):
+        def __init__(self, d, gain=1.0):
+            super().__init__()
+            self.gain = gain
+
+        def forward(self, x):
+            s = x.abs()
+            h = x * s
+            return x + self.gain * h
+
+
+    def square():
+        return nn.Sequential(Square(8), nn.LayerNorm(8)), (torch.randn(4, 8),)
+    ''')
+
+
+def test_a_norm_takes_its_width_from_the_constructor_so_every_instantiation_fits(tmp_path):
+    """Issue 41: Bilinear built with d = 8 and d = 16 in the run; the fixed class also builds at d = 32."""
+    repo = _repo(tmp_path, {"widths.py": WIDTHS})
+    shown = _qlint(repo, "widths.py:build_model", "--diff", "--unsafe-fixes")
+    assert shown.returncode == 1, shown.stderr
+    assert "+        self.qlint_preln = nn.LayerNorm(d)\n" in shown.stdout  # read from nn.Linear(d, 2 * d)
+    assert "LayerNorm(8)" not in shown.stdout and "LayerNorm(16)" not in shown.stdout
+    (repo / "fix.patch").write_text(shown.stdout)
+    subprocess.run(["git", "apply", "fix.patch"], cwd=repo, check=True)
+    assert _qlint(repo, "widths.py:build_model").returncode == 0
+    spec = importlib.util.spec_from_file_location("fixed_widths", repo / "widths.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    outside = module.Bilinear(32)  # a width the run never built
+    assert outside(torch.randn(3, 32)).shape == (3, 32)
+
+
+def test_a_norm_whose_width_no_constructor_argument_gives_is_refused_with_the_reason(tmp_path):
+    repo = _repo(tmp_path, {"widths.py": WIDTHS})
+    shown = _qlint(repo, "widths.py:square", "--diff", "--unsafe-fixes")
+    assert "is not written from `__init__`'s arguments" in shown.stderr, shown.stderr
+    assert "LayerNorm(8)" not in shown.stdout

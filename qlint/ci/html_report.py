@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import html
 import math
+from dataclasses import dataclass
 from typing import Any, Optional
 
 from qlint._version import __version__
@@ -26,11 +27,14 @@ NODE_FILL = {"ok": "#e3f4e8", "supercritical": "#fbe0e1", "uncertified": "#fcf1d
 DOMINANT_FILL = "#7b2cbf"  # the op where the block's q reached its value
 CURVE_COLOUR = "#1f6fd1"  # a measured growth curve
 
-NODE_WIDTH, NODE_HEIGHT, COLUMN, ROW, MARGIN = 250, 44, 270, 74, 16
-OP_CHARACTERS = 26  # longer op names are cut in the box (the full name is its tooltip)
+EDGE_COLOUR = "#6e6e78"  # the data flow's arrows: readable on the page's own white card
+
+NODE_WIDTH, NODE_HEIGHT, COLUMN, ROW_GAP, LANE, MARGIN, LINE = 250, 44, 270, 30, 14, 16, 15
+OP_CHARACTERS, PLACE_CHARACTERS = 30, 36  # a box's lines of its op and q, and of its source line, wrap past these
 
 CSS = """
-.qlint { font: 14px/1.45 system-ui, -apple-system, "Segoe UI", sans-serif; color: #1d1d1f; max-width: 1280px; }
+.qlint { font: 14px/1.45 system-ui, -apple-system, "Segoe UI", sans-serif; color: #1d1d1f; max-width: 1280px;
+         background: #ffffff; padding: 12px 16px; border-radius: 6px; color-scheme: light; }
 .qlint h1 { font-size: 22px; margin: 0 0 4px; }
 .qlint h2 { font-size: 18px; margin: 28px 0 6px; }
 .qlint h3 { font-size: 15px; margin: 22px 0 6px; }
@@ -166,8 +170,9 @@ def _failing_block(block: Block, findings: list[Finding], drawn: dict[str, str],
         else:
             drawn[key] = block.name
             parts.append(f'<div class="graph">{derivation_svg(record, ids)}</div>')
+    shown = bool(block.extra.get("patches")) or "remedies" in block.extra
     if findings:
-        parts.append(_findings(findings))
+        parts.append(_findings(findings, remedies_shown=shown))
     if block.extra.get("patches"):
         key, draw = repr(block.extra["patches"]), _patches
     elif "remedies" in block.extra:
@@ -180,9 +185,17 @@ def _failing_block(block: Block, findings: list[Finding], drawn: dict[str, str],
     return "\n".join(parts)
 
 
-def _findings(findings: list[Finding]) -> str:
+# QL101's hint (rules/checks/exponent.toml), said differently on a page that shows the remedies
+REMEDY_HINT = "; run with --show-remedies for fixes qlint has re-checked"
+
+
+def _findings(findings: list[Finding], remedies_shown: bool = False) -> str:
+    def message(finding: Finding) -> str:
+        return finding.message.replace(REMEDY_HINT, "; the remedies qlint re-checked follow") if remedies_shown \
+            else finding.message
+
     rows = "".join(f'<tr><td class="{escape(f.severity)}">{escape(f.code)}</td><td class="muted">'
-                   f"{_source(f.source)}</td><td>{escape(f.message)}</td></tr>" for f in findings)
+                   f"{_source(f.source)}</td><td>{escape(message(f))}</td></tr>" for f in findings)
     return f'<table class="findings">{rows}</table>'
 
 
@@ -221,60 +234,120 @@ def _remedies(block: Block) -> str:
 # --- the derivation graph ------------------------------------------------------------------------
 
 
-def _positions(record: dict[str, Any]) -> dict[int, tuple[float, float]]:
-    """Pixel centres of the nodes: one row per topological generation, top to bottom, each row centred
-    (networkx's generations; no layout routine, whose numpy a plain install need not have)."""
+def _layers(record: dict[str, Any]) -> list[list[int]]:
+    """The nodes by topological generation, top to bottom (networkx's generations; no layout routine,
+    whose numpy a plain install need not have)."""
     import networkx as nx
 
     dag = nx.DiGraph()
     dag.add_nodes_from(range(len(record["nodes"])))
     dag.add_edges_from(tuple(edge) for edge in record["edges"])
-    generations = [sorted(members) for members in nx.topological_generations(dag)]
-    widest = max(len(members) for members in generations)
-    at = {}
-    for layer, members in enumerate(generations):
+    return [sorted(members) for members in nx.topological_generations(dag)]
+
+
+def _wrapped(text: str, width: int) -> list[str]:
+    """``text`` in lines of at most ``width`` characters, broken at spaces, slashes or anywhere."""
+    lines, rest = [], text
+    while len(rest) > width:
+        cut = max(rest.rfind(" ", 0, width + 1), rest.rfind("/", 0, width) + 1)
+        cut = cut if cut > width // 2 else width
+        lines.append(rest[:cut].rstrip())
+        rest = rest[cut:].lstrip()
+    return lines + [rest]
+
+
+@dataclass(frozen=True)
+class _Box:
+    x: float  # centre
+    top: float
+    height: float
+    title: list[str]
+    place: list[str]
+
+    @property
+    def bottom(self) -> float:
+        return self.top + self.height
+
+
+def _boxes(record: dict[str, Any]) -> tuple[list[list[int]], dict[int, _Box]]:
+    """Each node's box: full labels wrapped (the op and its q, then its source line), one row per generation
+    as tall as its tallest box, each row centred."""
+    layers = _layers(record)
+    texts = {}
+    for number, node in enumerate(record["nodes"]):
+        source = node["source"]
+        where = f'{source["file"]}:{source["line"]}' if source else ""
+        repeated = f" ×{node['count']}" if node["count"] > 1 else ""
+        texts[number] = (_wrapped(f'{node["op"]} · q={node["q"]}', OP_CHARACTERS),
+                         _wrapped(where + repeated, PLACE_CHARACTERS) if where or repeated else [])
+    widest = max(len(members) for members in layers)
+    boxes, top = {}, float(MARGIN)
+    for members in layers:
+        height = max(NODE_HEIGHT + LINE * (len(t) - 1 + max(len(p) - 1, 0)) for t, p in (texts[n] for n in members))
         indent = (widest - len(members)) * COLUMN / 2
-        for i, node in enumerate(members):
-            at[node] = (MARGIN + NODE_WIDTH / 2 + indent + i * COLUMN, MARGIN + NODE_HEIGHT / 2 + layer * ROW)
-    return at
+        for i, number in enumerate(members):
+            boxes[number] = _Box(MARGIN + NODE_WIDTH / 2 + indent + i * COLUMN, top, height, *texts[number])
+        top += height + ROW_GAP
+    return layers, boxes
+
+
+def _edge_paths(record: dict[str, Any], layers: list[list[int]], boxes: dict[int, _Box]) -> list[str]:
+    """SVG path data of each edge. One between neighbouring rows is a straight line through the gap
+    between them; a longer one (the skip X_k -> join) leaves through the gap below its source, runs down
+    a lane of its own right of every box and enters through the gap above its target: no edge crosses a
+    box."""
+    row = {number: layer for layer, members in enumerate(layers) for number in members}
+    right = max(box.x + NODE_WIDTH / 2 for box in boxes.values())
+    paths, lanes = [], 0
+    for source, target in record["edges"]:
+        a, b = boxes[source], boxes[target]
+        if row[target] == row[source] + 1:
+            paths.append(f"M{a.x:.1f},{a.bottom:.1f} L{b.x:.1f},{b.top:.1f}")
+            continue
+        lanes += 1
+        lane = right + LANE * lanes
+        below = a.bottom + ROW_GAP / 2 + (lanes % 3 - 1) * 4
+        above = b.top - ROW_GAP / 2 + (lanes % 3 - 1) * 4
+        paths.append(f"M{a.x:.1f},{a.bottom:.1f} V{below:.1f} H{lane:.1f} V{above:.1f} H{b.x:.1f} V{b.top:.1f}")
+    return paths
 
 
 def derivation_svg(record: dict[str, Any], ids: str) -> str:
-    """The derivation graph as SVG: rounded boxes "op · q" over "file:line", arrows for the data flow,
-    boxes filled by status and the dominant op (where q reached the block's value) in purple."""
+    """The derivation graph as SVG: rounded boxes "op · q" over "file:line", arrows for the data flow
+    (routed around the boxes), boxes filled by status and the dominant op (where q reached the block's
+    value) in purple."""
     nodes = record["nodes"]
     if not nodes:
         return ""
-    at = _positions(record)
-    width = max(x for x, _ in at.values()) + NODE_WIDTH / 2 + MARGIN
-    height = max(y for _, y in at.values()) + NODE_HEIGHT / 2 + MARGIN
+    layers, boxes = _boxes(record)
+    paths = _edge_paths(record, layers, boxes)
+    lanes = sum(1 for p in paths if " H" in p)
+    width = max(box.x for box in boxes.values()) + NODE_WIDTH / 2 + LANE * (lanes + 1) + MARGIN
+    height = max(box.bottom for box in boxes.values()) + MARGIN
     parts = [(f'<svg width="{width:.0f}" height="{height:.0f}" viewBox="0 0 {width:.0f} {height:.0f}" role="img" '
               f'aria-label="derivation graph"><defs><marker id="{ids}-arrow" viewBox="0 0 10 10" refX="10" refY="5" '
-              'markerWidth="7" markerHeight="7" orient="auto-start-reverse"><path d="M0,0L10,5L0,10z" fill="#8a8a90"/>'
-              "</marker></defs>")]
-    for source, target in record["edges"]:
-        (x1, y1), (x2, y2) = at[source], at[target]
-        parts.append(f'<line x1="{x1:.1f}" y1="{y1 + NODE_HEIGHT / 2:.1f}" x2="{x2:.1f}" '
-                     f'y2="{y2 - NODE_HEIGHT / 2:.1f}" stroke="#8a8a90" stroke-width="1.2" '
-                     f'marker-end="url(#{ids}-arrow)"/>')
+              f'markerWidth="7" markerHeight="7" orient="auto-start-reverse"><path d="M0,0L10,5L0,10z" '
+              f'fill="{EDGE_COLOUR}"/></marker></defs>')]
+    parts += [f'<path class="edge" d="{d}" fill="none" stroke="{EDGE_COLOUR}" stroke-width="1.4" '
+              f'marker-end="url(#{ids}-arrow)"/>' for d in paths]
     for number, node in enumerate(nodes):
-        x, y = at[number]
+        box = boxes[number]
         dominant = number == record.get("dominant")
         fill = DOMINANT_FILL if dominant else NODE_FILL[node["status"]]
         ink = "#ffffff" if dominant else "#1d1d1f"
-        op = node["op"] if len(node["op"]) <= OP_CHARACTERS else node["op"][:OP_CHARACTERS - 1] + "…"
-        source = node["source"]
-        where = _source(Source(source["file"], source["line"])) if source else ""
-        repeated = f" ×{node['count']}" if node["count"] > 1 else ""
-        left, top = x - NODE_WIDTH / 2, y - NODE_HEIGHT / 2
+        lines = [f'<tspan x="{box.x:.1f}" dy="{0 if i == 0 else LINE}">{escape(t)}</tspan>'
+                 for i, t in enumerate(box.title)]
+        places = [f'<tspan x="{box.x:.1f}" dy="{0 if i == 0 else LINE}">{escape(t)}</tspan>'
+                  for i, t in enumerate(box.place)]
+        left = box.x - NODE_WIDTH / 2
         parts.append(
             f'<g><title>{escape(node["op"])}: q = {escape(node["q"])}</title>'
-            f'<rect x="{left:.1f}" y="{top:.1f}" width="{NODE_WIDTH}" height="{NODE_HEIGHT}" rx="8" fill="{fill}" '
-            f'stroke="{STATUS_COLOUR[node["status"]]}" stroke-width="1.5"/>'
-            f'<text x="{x:.1f}" y="{top + 18:.1f}" text-anchor="middle" font-size="12.5" font-weight="600" '
-            f'fill="{ink}">{escape(op)} · q={escape(node["q"])}</text>'
-            f'<text x="{x:.1f}" y="{top + 35:.1f}" text-anchor="middle" font-size="11" fill="{ink}" '
-            f'font-family="monospace">{where}{escape(repeated)}</text></g>')
+            f'<rect x="{left:.1f}" y="{box.top:.1f}" width="{NODE_WIDTH}" height="{box.height:.1f}" rx="8" '
+            f'fill="{fill}" stroke="{STATUS_COLOUR[node["status"]]}" stroke-width="1.5"/>'
+            f'<text x="{box.x:.1f}" y="{box.top + 18:.1f}" text-anchor="middle" font-size="12.5" font-weight="600" '
+            f'fill="{ink}">{"".join(lines)}</text>'
+            f'<text x="{box.x:.1f}" y="{box.top + 35 + LINE * (len(box.title) - 1):.1f}" text-anchor="middle" '
+            f'font-size="11" fill="{ink}" font-family="monospace">{"".join(places)}</text></g>')
     parts.append("</svg>")
     return "".join(parts)
 

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Optional
 
 from qlint.core.algebra import format_q
+from qlint.core.installed import installed
 from qlint.core.results import Finding, ModelReport, Source
 from qlint.loader import is_path_spec, join_spec, split_spec
 
@@ -89,20 +90,26 @@ def position(model: ModelReport, finding: Finding) -> Position:
 
 
 def attribute_to_repository(model: ModelReport, origin: Optional[Source], root: Optional[Path] = None) -> ModelReport:
-    """Findings whose line is outside the repository (a library's code: transformers, timm)
-    or that have no line get the spec's factory line as their place, with the library
-    line as a related one: GitHub can place them, and a noqa on the factory line works."""
+    """Findings whose line is outside the repository (a library's code: transformers, timm, also when
+    the virtual environment that holds it sits in the repository) or that have no line get the spec's
+    factory line as their place, with the library line as a related one and named in the message:
+    GitHub can place them, and a noqa on the factory line works."""
     root = (root or git_root()).resolve()
-    if origin is None or relative_path(origin.file, root) is None:
+    if origin is None or not _in_repository(origin.file, root):
         return model
 
     def placed(finding: Finding) -> Finding:
-        if finding.source is not None and relative_path(finding.source.file, root) is not None:
+        if finding.source is not None and _in_repository(finding.source.file, root):
             return finding
         related = (finding.source, *finding.related) if finding.source is not None else finding.related
-        return replace(finding, source=origin, related=tuple(dict.fromkeys(related)))
+        message = finding.message if finding.source is None else f"{finding.message} (in {finding.source})"
+        return replace(finding, source=origin, message=message, related=tuple(dict.fromkeys(related)))
 
     return replace(model, findings=[placed(f) for f in model.findings])
+
+
+def _in_repository(file: str, root: Path) -> bool:
+    return relative_path(file, root) is not None and not installed(file)
 
 
 def model_class(model: ModelReport) -> str:

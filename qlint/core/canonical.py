@@ -27,7 +27,7 @@ from typing import Any, Optional
 import torch
 import torch.fx as fx
 
-from qlint.core.graph import facts, shape_of
+from qlint.core.graph import facts, keeps_values, shape_of
 from qlint.core.ops import op_name
 
 _ONES = frozenset({"ones_like", "ones", "new_ones"})
@@ -79,8 +79,8 @@ def _mean(node: fx.Node, graph: fx.Graph, replaced: dict) -> Optional[fx.Node]:
         return None
     summed, ones = _argument(total, "input", replaced), _argument(count, "input", replaced)
     if not (isinstance(summed, fx.Node) and _ones(ones) and shape_of(ones) is not None
-            and shape_of(ones) == shape_of(summed)):
-        return None
+            and shape_of(ones) == shape_of(summed) and keeps_values(summed, total)):
+        return None  # (a sum in its own narrower dtype= is no sum of a's values)
     dims, keep = _argument(total, "dim"), _argument(total, "keepdim")
     if (keep is not True or _argument(count, "keepdim") is not True
         or _normalised(dims, summed) != _normalised(_argument(count, "dim"), ones)):

@@ -471,8 +471,22 @@ def dtype_of(node: Any) -> Optional[torch.dtype]:
     return getattr(value, "dtype", None) if value is not None else None
 
 
-__all__ = ["GraphFacts", "NodeFacts", "annotate", "dtype_of", "facts", "least_size", "run_cone", "shape_of", "sizes",
-           "tensor_meta"]
+# floating dtypes each one holds every value of (a cast up is exact; bfloat16 and float16 hold each other's not)
+_WIDER = {torch.float16: {torch.float16, torch.float32, torch.float64},
+          torch.bfloat16: {torch.bfloat16, torch.float32, torch.float64},
+          torch.float32: {torch.float32, torch.float64}, torch.float64: {torch.float64}}
+
+
+def keeps_values(source: Any, result: Any) -> bool:
+    """Whether ``result``'s dtype holds every value of ``source``'s (both known, real floating, the same or
+    wider): a cast, or a reduction's own ``dtype=``, that keeps them (an int8 sum wraps, a bfloat16 copy
+    rounds)."""
+    before, after = dtype_of(source), dtype_of(result)
+    return before is not None and after in _WIDER.get(before, ())
+
+
+__all__ = ["GraphFacts", "NodeFacts", "annotate", "dtype_of", "facts", "keeps_values", "least_size", "run_cone",
+           "shape_of", "sizes", "tensor_meta"]
 
 
 # --- where a node came from ----------------------------------------------------------------------

@@ -32,7 +32,6 @@ import functools
 import linecache
 import os
 import random
-import site
 import sys
 import sysconfig
 import threading
@@ -44,6 +43,7 @@ from typing import Any, Iterator, Optional
 import torch
 
 from qlint.core.graph import TORCH_DIR
+from qlint.core.installed import installed
 
 _QLINT_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 _STDLIB = sysconfig.get_paths()["stdlib"]
@@ -128,7 +128,7 @@ class ProcessReads:
         """A thread-local or context variable a submodule holds as an attribute: its forward may read it."""
         for path, module in model.named_modules():
             for name, value in vars(module).items():
-                if isinstance(value, _THREAD_STATE) and not _installed(_class_place(module)[0]):
+                if isinstance(value, _THREAD_STATE) and not installed(_class_place(module)[0]):
                     # (an installed library's module: its state is its configuration)
                     self.found[("thread state", f"{path or 'model'}.{name}")] = Condition(
                         "thread state", _describe(value, f"{path + '.' if path else ''}{name}") + " the model holds",
@@ -247,19 +247,9 @@ _LOAD_KINDS = {"LOAD_GLOBAL": "global", "LOAD_NAME": "global", "LOAD_DEREF": "ce
 
 def own_code(file: str) -> bool:
     """The model's own source: neither torch, the standard library, qlint nor an installed package."""
-    return model_code(file) and not _installed(file)
+    return model_code(file) and not installed(file)
 
 
-@functools.lru_cache(maxsize=4096)
-def _installed(file: str) -> bool:
-    """A file of an installed package: it exists in one of this interpreter's package folders (a project folder
-    named site-packages, or a code object compiled under such a name, is the model's own)."""
-    return file.startswith(_PACKAGE_ROOTS) and os.path.isfile(file)
-
-
-_PACKAGE_ROOTS = tuple(os.path.join(root, "") for root in {
-    *site.getsitepackages(), site.getusersitepackages(), sysconfig.get_paths()["purelib"],
-    sysconfig.get_paths()["platlib"]} if root)
 
 
 @contextlib.contextmanager
@@ -301,7 +291,7 @@ def _reader(frame: types.FrameType) -> Optional[types.FrameType]:
     while current is not None:
         file = current.f_code.co_filename
         if model_code(file):
-            return None if _installed(file) else current
+            return None if installed(file) else current
         if file.startswith((TORCH_DIR, _QLINT_DIR + os.sep)):
             return None
         current = current.f_back

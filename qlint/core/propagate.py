@@ -415,6 +415,24 @@ class GrowthProp(fx.Interpreter):
         return computed
 
 
+    def _finite_parameter(self, node: fx.Node) -> bool:
+        """A parameter, or a float buffer the forward never writes and that is finite now, up to sign and
+        copies: independent of the input and finite (capture refuses a parameter that is not; a constant,
+        or an expression that may overflow, may be inf)."""
+        while op_name(node) in ("abs", "neg", "clone", "detach", "alias", "contiguous", "positive"):
+            node = node.args[0] if node.args and isinstance(node.args[0], fx.Node) else None
+            if node is None:
+                return False
+        if node.op != "get_attr":
+            return False
+        target = str(node.target)
+        try:
+            value = self.fetch_attr(target)
+        except (AttributeError, RuntimeError):
+            return False
+        return isinstance(value, torch.nn.Parameter) or (self._frozen_float(target)
+                                                         and bool(torch.isfinite(value).all()))
+
     def _selected(self, node: fx.Node, selection: Selection, computed: Value) -> Value:
         """``where(v > t, a, b)``: each branch propagated again from v restricted to the set where it is
         taken (entry by entry, so only through elementwise ops from v), then combined as ``where``
@@ -423,8 +441,8 @@ class GrowthProp(fx.Interpreter):
         if not (isinstance(computed, Growth) and v.real is True and v.known and v.depends):
             return computed
         held = selection.threshold
-        if held is not None and (held not in self.env or leading(self.env[held]).depends):
-            return computed  # a threshold that moves with the input bounds nothing
+        if held is not None and not self._finite_parameter(held):
+            return computed  # a threshold that moves with the input, or may be inf, bounds nothing
         values = []
         for name, taken in (("input", selection.taken), ("other", selection.left)):
             branch = facts(node).bound.arguments.get(name)

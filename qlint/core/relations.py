@@ -39,10 +39,9 @@ import math
 from dataclasses import dataclass
 from typing import Any, Optional
 
-import torch
 import torch.fx as fx
 
-from qlint.core.graph import dtype_of, facts, shape_of, sizes
+from qlint.core.graph import dtype_of, facts, keeps_values, shape_of, sizes
 
 _SQUARE_STATS = {"mean": "mean", "sum": "sum"}
 
@@ -179,16 +178,9 @@ def strip_exact(node: Any) -> Any:
     return strip(node, exact=True)
 
 
-# floating dtypes each one holds every value of (a cast up is exact; bfloat16 and float16 hold each other's not)
-_WIDER = {torch.float16: {torch.float16, torch.float32, torch.float64},
-          torch.bfloat16: {torch.bfloat16, torch.float32, torch.float64},
-          torch.float32: {torch.float32, torch.float64}, torch.float64: {torch.float64}}
-
-
 def _exact_cast(node: fx.Node) -> bool:
     """Whether the cast keeps every value: its input's dtype and its own are known, and it widens (or keeps)."""
-    source, target = dtype_of(_arg(node, "input")), dtype_of(node)
-    return source is not None and target in _WIDER.get(source, ())
+    return keeps_values(_arg(node, "input"), node)
 
 
 def _floating_or_same(node: fx.Node) -> bool:
@@ -219,7 +211,10 @@ def _dims(node: fx.Node) -> Optional[frozenset[int]]:
 
 
 def _keeps_dims(node: fx.Node) -> bool:
-    """The statistic broadcasts back over its own reduction group."""
+    """The statistic broadcasts back over its own reduction group, computed in a dtype that holds its
+    input's values (a reduction's own ``dtype=torch.int8`` wraps: no statistic of the input then)."""
+    if not keeps_values(_arg(node, "input"), node):
+        return False
     if _arg(node, "keepdim", False) is True:
         return True
     source_shape, shape = shape_of(_arg(node, "input")), shape_of(node)

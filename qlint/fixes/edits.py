@@ -4,8 +4,9 @@ A graph remedy (:mod:`qlint.remedies.plans`) names fx nodes; each node remembers
 user's ``forward`` that created it. A source edit finds, at that line, the one expression that
 built the node (``self.mixer(x)`` for a call of submodule ``mixer``, ``F.silu(z)``, ``h ** 3``)
 and rewrites it; a norm a remedy adds becomes a submodule assigned at the end of the enclosing
-class's ``__init__``, its width read from the traced shape. Where the expression cannot be found
-exactly once, the edit is not made and the reason is kept: nothing here is trusted to be right,
+class's ``__init__``, its width written as the constructor argument that gave a layer of the class the
+traced width. Where the expression cannot be found exactly once, the edit is not made and the reason is
+kept: nothing here is trusted to be right,
 every patched file is re-analysed (:mod:`qlint.fixes.recheck`) before anyone sees it.
 
 One ``@source_edit("kind")`` function per remedy kind, keyed like the planners; a kind without
@@ -16,7 +17,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, Optional
+from typing import Any, Callable, Optional
 
 import libcst as cst
 import torch.fx as fx
@@ -57,12 +58,20 @@ class ExpressionEdit:
 
 @dataclass(frozen=True)
 class Submodule:
-    """``self.<attr> = <constructor>`` at the end of ``__init__`` of the class that holds ``line``."""
+    """``self.<attr> = <norm>(<width>)`` at the end of ``__init__`` of the class that holds ``line``. The
+    width is written as the constructor argument that gave one of ``layers`` (the class's own layers whose
+    width is the traced one: (attribute of the layer, attribute holding the width, argument position)),
+    so every instantiation of the class gets its own width."""
 
     file: Path
     line: int
     attr: str
-    constructor: Callable[[Names], str]
+    norm: str
+    width: int
+    layers: tuple[tuple[str, str, int], ...]
+
+    def constructor(self, names: Names, init: cst.FunctionDef) -> str:
+        return f"{names.nn}.{self.norm}({_width_argument(init, self)})"
 
 
 @dataclass
@@ -136,8 +145,91 @@ def _submodule(context: BlockContext, node: fx.Node, root: Path, attr: str, widt
     width = context.size(width_of)
     if not width.isdigit():
         raise EditError(f"the width of `{width_of.name}` is unknown (no traced shape)")
-    norm = context.norm
-    return Submodule(file, line, attr, lambda names: f"{names.nn}.{norm}({width})")
+    owner = _owner(context.analysis.model, module_path(node) or "", file, line)
+    layers = tuple((name, attribute, position) for name, child in owner.named_children()
+                   for attribute, position in _WIDTH_ARGUMENTS.items()
+                   if _last(getattr(child, attribute, None)) == int(width))
+    return Submodule(file, line, attr, context.norm, int(width), layers)
+
+
+# the attribute of a torch.nn layer that holds a width, and the position of the constructor argument that sets it
+_WIDTH_ARGUMENTS = {"in_features": 0, "out_features": 1, "in_channels": 0, "out_channels": 1, "embedding_dim": 1,
+                    "num_features": 0, "normalized_shape": 0, "num_channels": 1}
+
+
+def _last(width: object) -> object:
+    return width[-1] if isinstance(width, (tuple, list)) and width else width
+
+
+def _owner(model: Any, path: str, file: Path, line: int) -> Any:
+    """The module on ``path`` (innermost first) whose class is written around ``line`` of ``file``."""
+    import inspect
+
+    parts = path.split(".") if path else []
+    for end in range(len(parts), -1, -1):
+        module = model.get_submodule(".".join(parts[:end]))
+        try:
+            lines, start = inspect.getsourcelines(type(module))
+            source = Path(inspect.getsourcefile(type(module)) or "").resolve()
+        except (OSError, TypeError):
+            continue
+        if source == file and start <= line < start + len(lines):
+            return module
+    raise EditError(f"no module of the model has its class written around {file.name}:{line}")
+
+
+def _width_argument(init: cst.FunctionDef, sub: Submodule) -> str:
+    """The expression of ``__init__``'s arguments that one of ``sub.layers`` was built with (a number only
+    when ``__init__`` takes no argument: then every instance has the same widths); EditError otherwise."""
+    parameters = [*init.params.params, *init.params.kwonly_params, *init.params.posonly_params]
+    names = {p.name.value for p in parameters[1:]}
+    fixed = not names and not isinstance(init.params.star_arg, cst.Param) and init.params.star_kwarg is None
+    built = _layers_built(init)
+    code = cst.Module([]).code_for_node
+    for layer, attribute, position in sub.layers:
+        call = built.get(layer)
+        arguments = [a for a in call.args if a.keyword is None] if call is not None else []
+        keyword = next((a for a in call.args if a.keyword is not None and a.keyword.value == attribute), None) \
+            if call is not None else None
+        argument = keyword or (arguments[position] if position < len(arguments) else None)
+        if argument is None:
+            continue
+        used = {n.value for n in _names_in(argument.value)}
+        if (used and used <= names) or (not used and fixed):
+            return code(argument.value)
+    raise EditError(f"the norm's width {sub.width} is not written from `__init__`'s arguments in any layer the class "
+                    "builds: a number would break every other instantiation of the class")
+
+
+def _layers_built(init: cst.FunctionDef) -> dict[str, cst.Call]:
+    """``self.<name> = <call>`` (also ``self.a, self.b = A(...), B(...)``) at the top level of ``__init__``."""
+    built: dict[str, cst.Call] = {}
+    body = init.body.body if isinstance(init.body, cst.IndentedBlock) else ()
+    for line in body:
+        for small in getattr(line, "body", ()) if isinstance(line, cst.SimpleStatementLine) else ():
+            if not isinstance(small, cst.Assign) or len(small.targets) != 1:
+                continue
+            target, value = small.targets[0].target, small.value
+            pairs = (zip(target.elements, value.elements) if isinstance(target, cst.Tuple)
+                     and isinstance(value, cst.Tuple) and len(target.elements) == len(value.elements)
+                     else [(target, value)])
+            for left, right in pairs:
+                left, right = getattr(left, "value", left), getattr(right, "value", right)
+                if (isinstance(left, cst.Attribute) and isinstance(left.value, cst.Name)
+                        and left.value.value == "self" and isinstance(right, cst.Call)):
+                    built[left.attr.value] = right
+    return built
+
+
+def _names_in(expression: cst.BaseExpression) -> list[cst.Name]:
+    found: list[cst.Name] = []
+
+    class Collect(cst.CSTVisitor):
+        def visit_Name(self, node: cst.Name) -> None:
+            found.append(node)
+
+    expression.visit(Collect())
+    return found
 
 
 # --- the rewrites ---------------------------------------------------------------------------
@@ -475,7 +567,7 @@ class _Rewriter(cst.CSTTransformer):
         for sub in self.classes[owner]:
             if f"self.{sub.attr} =" not in existing and all(s.attr != sub.attr for s in lines):
                 lines.append(sub)
-        statements = [cst.parse_statement(f"self.{s.attr} = {s.constructor(self.names)}\n") for s in lines]
+        statements = [cst.parse_statement(f"self.{s.attr} = {s.constructor(self.names, original)}\n") for s in lines]
         body = updated.body
         assert isinstance(body, cst.IndentedBlock)
         return updated.with_changes(body=body.with_changes(body=[*body.body, *statements]))

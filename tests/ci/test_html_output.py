@@ -168,6 +168,97 @@ def test_chromium_renders_the_ladder_and_a_derivation_graph(native, tmp_path):
     assert colours[_rgb(html_report.NODE_FILL["ok"])] >= 5 * 0.6 * box
 
 
+def _segments(path: str) -> list[tuple[tuple[float, float], tuple[float, float]]]:
+    """The straight pieces of an edge's path data (M, L, V, H commands)."""
+    x = y = 0.0
+    pieces = []
+    for command, numbers in re.findall(r"([MLVH])([-\d.,]+)", path):
+        values = [float(v) for v in numbers.split(",")]
+        start = (x, y)
+        if command in "ML":
+            x, y = values
+        elif command == "V":
+            y = values[0]
+        else:
+            x = values[0]
+        if command != "M":
+            pieces.append((start, (x, y)))
+    return pieces
+
+
+def _drawn(native):
+    """(record, boxes, edge paths) of each failing block's derivation graph."""
+    for model in native.models:
+        for block in model.blocks:
+            record = block.extra.get("derivation_graph")
+            if record:
+                layers, boxes = html_report._boxes(record)
+                yield record, boxes, html_report._edge_paths(record, layers, boxes)
+
+
+def test_no_edge_of_a_derivation_graph_runs_through_a_box(native):
+    """Issue 41: every edge visible; the skip and the long edges go round the boxes, not through them."""
+    checked = 0
+    for record, boxes, paths in _drawn(native):
+        assert len(paths) == len(record["edges"]) and any(" H" in p for p in paths)  # the skip is routed
+        for path in paths:
+            for (x1, y1), (x2, y2) in _segments(path):
+                for step in range(1, 40):
+                    x, y = x1 + (x2 - x1) * step / 40, y1 + (y2 - y1) * step / 40
+                    inside = [n for n, b in boxes.items() if abs(x - b.x) < html_report.NODE_WIDTH / 2 - 1
+                              and b.top + 1 < y < b.bottom - 1]
+                    assert not inside, f"edge {path} passes through box {inside}"
+                    checked += 1
+    assert checked > 1000
+
+
+def test_box_labels_are_whole_and_wrapped(native):
+    record = next(record for record, _, _ in _drawn(native))
+    page = html_report.derivation_svg(record, "t")
+    assert "…" not in page and "Lipschitz activation (GELU," in page and "SiLU, Mish, Hardswish)" in page
+
+
+def test_a_page_with_remedies_does_not_ask_for_them(native):
+    plain = render(native, "html")
+    assert "run with --show-remedies" in plain
+    block = native.models[0].blocks[0]
+    block.extra["remedies"] = []
+    try:
+        shown = render(native, "html")
+    finally:
+        del block.extra["remedies"]
+    assert shown.count("run with --show-remedies") == plain.count("run with --show-remedies") - 1
+    assert "the remedies qlint re-checked follow" in shown
+
+
+def _edge_ink(pixel: tuple[int, int, int], edge: tuple[int, int, int]) -> bool:
+    """The edge's grey, anti-aliased on white: nearer it than white, and grey (no box's fill is)."""
+    distance = sum(abs(c - e) for c, e in zip(pixel, edge))
+    return distance < sum(255 - c for c in pixel) and max(pixel) - min(pixel) < 25
+
+
+def test_chromium_draws_every_edge_where_it_can_be_seen(native, tmp_path):
+    """The graph alone, rendered at the page's corner: the middle of each edge's longest piece is drawn in
+    the edge colour (on the white card, not under a box)."""
+    browser = _browser()
+    image_module = pytest.importorskip("PIL.Image")
+    record, boxes, paths = next(_drawn(native))
+    svg = html_report.derivation_svg(record, "t")
+    page = tmp_path / "graph.html"
+    page.write_text(f'<html><body style="margin:0;background:#fff">{svg}</body></html>')
+    shot = tmp_path / "graph.png"
+    subprocess.run([browser, "--headless", "--no-sandbox", "--disable-gpu", "--hide-scrollbars",
+                    "--force-device-scale-factor=1", "--window-size=1300,2400", f"--screenshot={shot}",
+                    page.as_uri()], capture_output=True, timeout=120, check=True)
+    image = image_module.open(shot).convert("RGB")
+    edge = _rgb(html_report.EDGE_COLOUR)
+    for path in paths:
+        (x1, y1), (x2, y2) = max(_segments(path), key=lambda s: abs(s[1][0] - s[0][0]) + abs(s[1][1] - s[0][1]))
+        x, y = (x1 + x2) / 2, (y1 + y2) / 2
+        near = [image.getpixel((round(x) + dx, round(y) + dy)) for dx in (-1, 0, 1) for dy in (-1, 0, 1)]
+        assert any(_edge_ink(pixel, edge) for pixel in near), (path, near)
+
+
 NO_NUMPY = """
 import sys
 from importlib.abc import MetaPathFinder

@@ -45,6 +45,10 @@ CONSERVATIVE = {
     "r1_decays.py:slstm_stabilised_safe": "exp(i - m_t) <= 1 needs m_t >= i, a relation through the max-stabiliser the domain does not keep",
     "r1_linalg.py:skew_matrix_exp_rotation_safe": "matrix_exp of a matrix computed from x is orthogonal only for a skew argument: structure the domain does not keep",
     "r1_linalg.py:cayley_rotation_safe": "solve(I - S, I + S) of a skew S from x is orthogonal: structure the domain does not keep",
+    "r7_selection.py:shape_threshold_safe": "a selection's threshold computed from the input's shape is finite for each shape, but only a parameter or a finite float buffer is taken as a finite threshold (an expression may overflow to inf)",
+    "r7_postnorm.py:post_batchnorm_train_safe": "BatchNorm on batch statistics after the join is read as the head's transition, not as the block's Post-LN norm",
+    "r7_reflected.py:rtruediv_shift_ratio_safe": "(n + 1) / n for n >= 1 lies in (1, 2]: the own-shift ratio rule reads n / (n + c) only",
+    "r7_reflected.py:rsub_softmax_safe": "exp(min z - z) normalised by its sum: the shift by the row minimum has no rule (the maximum's has)",
     "r6_casts.py:own_shift_int64_safe": "an integer cast is not followed by the relations: past 2^63 a float -> int64 conversion wraps to INT64_MIN, so n / (int64(n) + 1) then grows like n (exact only below 9.2e18, which the label measures)",
     "r1_buffers.py:denorm_with_running_std_safe": "a buffer the forward writes (running statistics) read by value outside BatchNorm is unknown",
 }

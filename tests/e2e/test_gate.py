@@ -2,6 +2,7 @@
 hide the others, several outputs from one run, suppressions that are per model and
 placeable, and suppressed findings that stay visible (SARIF ``suppressions``)."""
 
+import importlib.util
 import json
 import subprocess
 import sys
@@ -286,6 +287,18 @@ def test_a_finding_in_library_code_lands_on_the_users_factory_line(library_user)
     assert related.startswith("file://") and related.endswith("site/vendored_models.py")
     github = _library_run(library_user, "--format", "github").stdout
     assert "::error file=train.py,line=4,title=QL101::" in github
+
+
+@pytest.mark.skipif(importlib.util.find_spec("transformers") is None, reason="needs the [zoo] extra (transformers)")
+def test_a_finding_in_an_installed_library_lands_on_the_factory_line_even_with_the_venv_in_the_repository():
+    """transformers installed in a virtual environment inside the repository (make test's .venv) is a library."""
+    github = subprocess.run([sys.executable, "-m", "qlint", "fixtures/hf.py:mamba_without_norm", "--format", "github"],
+                            capture_output=True, text=True, cwd=ROOT, timeout=600, env=_env()).stdout
+    lines = [line for line in github.splitlines() if "title=QL101" in line]
+    factory = next(i for i, line in enumerate((ROOT / "fixtures" / "hf.py").read_text().splitlines(), 1)
+                   if line.startswith("def mamba_without_norm("))
+    assert lines and all(line.startswith(f"::error file=fixtures/hf.py,line={factory},") for line in lines), github
+    assert all("(in " in line and "transformers/models/mamba/modeling_mamba.py:" in line for line in lines)
 
 
 def test_library_findings_are_suppressed_on_the_factory_line_or_per_model(library_user):
