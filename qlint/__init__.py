@@ -8,7 +8,7 @@ The public API is imported lazily so that ``qlint --help`` does not import torch
 configuration as the command line), ``qlint.register(cls, q=..., why=...)``
 (:mod:`qlint.registry`), ``qlint.remedy(...)`` (:mod:`qlint.remedies`; with ``as_patch=True``
 the re-certified source patches of :mod:`qlint.fixes`) and
-``qlint.monitor(model, inputs)`` (:mod:`qlint.monitoring`: stream norms and block gains during
+``qlint.monitor(model, inputs)`` (:mod:`qlint.monitor`: stream norms and block gains during
 training). Probes are in the :mod:`qlint.probe` package.
 """
 
@@ -23,7 +23,7 @@ __all__ = ["__version__", "analyze", "check", "monitor", "register", "remedy"]
 _LAZY = {
     "analyze": "qlint.api",
     "check": "qlint.api",
-    "monitor": "qlint.monitoring",
+    "monitor": "qlint.monitor",
     "register": "qlint.registry",
     "remedy": "qlint.fixes",
 }
@@ -31,7 +31,7 @@ _LAZY = {
 if TYPE_CHECKING:  # pragma: no cover
     from qlint.api import analyze, check
     from qlint.fixes import remedy
-    from qlint.monitoring import monitor
+    from qlint.monitor.stream import monitor
     from qlint.registry import register
 
 

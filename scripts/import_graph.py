@@ -33,9 +33,7 @@ FLOORS = {
     "qlint.remedies": 4,
     "qlint.api": 5,
     "qlint.fixes": 5,  # remedies as source patches, re-checked on the patched source
-    "qlint.monitoring": 5,  # the probe's velocity measured during training
-    "qlint.monitor_callbacks": 5,  # its Hugging Face Trainer and Lightning adapters
-    "qlint.monitor_logs": 5,  # its CSV and TensorBoard sinks
+    "qlint.monitor": 5,  # the probe's velocity measured during training, its callbacks and sinks
     "qlint.verify": 6,
     "qlint.cli": 7,
     "qlint.__main__": 7,

@@ -20,7 +20,7 @@ from typing import Any, Optional
 from qlint._version import __version__
 from qlint.core.algebra import format_q
 from qlint.core.results import Block, Finding, ModelReport, Report, Source
-from qlint.probe.curves import GrowthCurve, curves
+from qlint.core.curves import GrowthCurve, curves
 
 STATUS_COLOUR = {"ok": "#2e9d57", "supercritical": "#d1343a", "uncertified": "#e0a526"}  # ladder bars, verdicts
 NODE_FILL = {"ok": "#e3f4e8", "supercritical": "#fbe0e1", "uncertified": "#fcf1d6"}  # derivation graph boxes

@@ -140,7 +140,7 @@ def _require_matplotlib() -> None:
 
 def _plot(results: list, path: str) -> None:
     """Write the growth curves of every probed model to ``path``, one panel per block."""
-    from qlint.probe.curves import curves
+    from qlint.core.curves import curves
     from qlint.probe.plot import write_png
 
     write_png([(result.report.spec, curve) for result in results for curve in curves(result.report)], path)

@@ -360,6 +360,10 @@ class GrowthProp(fx.Interpreter):
             return unknown(f"the buffer `{n.target}` is written by the forward (running statistics) and read as a "
                            "value: it holds what the input wrote")
         if self._arbitrary(str(n.target)):
+            if (value.is_floating_point() or value.is_complex()) and not value.is_meta \
+                    and not bool(torch.isfinite(value).all()):  # a parameter like this is refused by capture
+                return Growth(None, depends=False, real=not value.is_complex(),
+                              culprit=f"the buffer `{n.target}` holds inf or NaN: no constant bounds what it meets")
             return Growth(0.0, depends=False, real=not value.is_complex())
         # rsqrt(arange(8)) evaluated while tracing: inf
         return (_by_value(value)

@@ -35,6 +35,7 @@ approach 0 is then not bounded).
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass
 from typing import Any, Optional
@@ -305,8 +306,9 @@ def _statistic(node: Any) -> Optional[_Statistic]:
         kind = "ms" if op == "mean" else "ss"
         return _Statistic(base=base, kind=kind, reduction=node, centred=centred is not None, rooted=False)
     if op in ("variance", "std"):
-        if _arg(node, "correction", 1) is not None and not _is_number(_arg(node, "correction", 1)):
-            return None
+        correction = _arg(node, "correction", 1)
+        if correction is not None and not (_is_number(correction) and correction >= 0):
+            return None  # a negative correction divides by n - c > n: the deviation passes sqrt(n) sds
         if not _keeps_dims(node) or not _more_entries_than_correction(node):
             return None
         base = strip(_arg(node, "input"))
@@ -461,11 +463,11 @@ def _inverse_denominator(node: Any) -> Optional[_Denominator]:
         return _Denominator(stat, eps_in, math.sqrt(scale_in) / scale, inverse=True)
     if op == "reciprocal" or (op == "pow" and _arg(inner, "exponent") == -1):
         den = _denominator(_arg(inner, "input"))
-        return None if den is None else _Denominator(den.statistic, den.eps, den.scale / scale, inverse=True)
+        return None if den is None else dataclasses.replace(den, scale=den.scale / scale, inverse=True)
     if op == "div" and _is_number(_arg(inner, "input")) and _arg(inner, "input") > 0:
         den = _denominator(_arg(inner, "other"))
-        return (None if den is None
-                else _Denominator(den.statistic, den.eps, den.scale / (scale * _arg(inner, "input")), inverse=True))
+        return None if den is None else dataclasses.replace(den, scale=den.scale / (scale * _arg(inner, "input")),
+                                                            inverse=True)  # (a second moment stays one: squared)
     return None
 
 
@@ -670,13 +672,38 @@ def _gathered_own_group(gathered: Any, values: fx.Node, reduces: tuple[str, ...]
     laid = _arg(table, "index")
     if shape_of(laid) != shape:
         return False  # an index narrower than the values scatters only its own columns: the rest keep the base
-    while isinstance(laid, fx.Node) and laid is not index and _op_name(laid) in _INDEX_PLUMBING:
-        laid_shape = shape_of(laid)
-        if not laid_shape or laid_shape[0] != length[0] or any(s != 1 and s != v for s, v in zip(laid_shape[1:],
-                                                                                             shape[1:])):
-            return False  # the index's entries must stay along axis 0, one per entry of values
+    return _laid_along_axis_0(laid, index)
+
+
+def _laid_along_axis_0(laid: fx.Node, index: fx.Node) -> bool:
+    """``laid`` is ``index`` (or a copy: ``index.clone()`` holds the same groups) with its one axis kept at
+    axis 0, the others added around it: entry (e, ...) holds index[e]. Followed op by op: ``unsqueeze``
+    before the axis moves it; ``expand`` to more axes prepends them, so a 1-D index expanded straight to
+    the values' 2-D shape lies along the last axis; a view keeps it first only from (n, 1, ...) to
+    (n, 1, ...)."""
+    chain = []
+    while strip_exact(laid) is not strip_exact(index):
+        if not (isinstance(laid, fx.Node) and _op_name(laid) in _INDEX_PLUMBING):
+            return False
+        chain.append(laid)
         laid = _arg(laid, "input")
-    return strip_exact(laid) is strip_exact(index)  # a copy of the index (index.clone()) holds the same groups
+    axis = 0
+    for step in reversed(chain):
+        before, after = shape_of(_arg(step, "input")), shape_of(step)
+        if before is None or after is None:
+            return False
+        name = _op_name(step)
+        if name in ("expand", "expand_as", "broadcast_to"):
+            if len(after) != len(before):
+                return False
+        elif name == "unsqueeze":
+            dim = _arg(step, "dim")
+            if not isinstance(dim, int):
+                return False
+            axis += dim % (len(before) + 1) <= axis
+        elif axis != 0 or before[0] != after[0] or any(s != 1 for s in (*before[1:], *after[1:])):
+            return False
+    return axis == 0
 
 
 def _nonnegative_fill(node: Any) -> bool:

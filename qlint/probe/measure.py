@@ -35,7 +35,7 @@ from qlint.core.graph import run_cone
 from qlint.core.results import ModelReport, Report
 from qlint.core.trace import non_finite_parameters, tensor_outputs
 from qlint.probe import bounds as probe_bounds
-from qlint.probe import curves as growth_curves
+from qlint.core import curves as growth_curves
 from qlint.probe import init as probe_init
 from qlint.probe.spectral import least_squares_slope, log_norm, operator_norm, stable_norm
 from qlint.probe.witness import AS_BUILT, directions, perturbations

@@ -1,4 +1,4 @@
-"""``qlint probe --plot FILE.png``: the measured growth curves (:mod:`qlint.probe.curves`) as a figure,
+"""``qlint probe --plot FILE.png``: the measured growth curves (:mod:`qlint.core.curves`) as a figure,
 one log-log panel per block with the line of slope q_static, the same curves the HTML report draws.
 matplotlib comes with the ``plot`` extra; it is imported here only, when a figure is asked for."""
 
@@ -9,7 +9,7 @@ import math
 import os
 
 from qlint.ci.files import write_bytes
-from qlint.probe.curves import GrowthCurve
+from qlint.core.curves import GrowthCurve
 
 COLUMNS = 3  # panels per row
 

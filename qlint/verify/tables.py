@@ -108,7 +108,7 @@ def _blew_up_in_training(run: dict[str, Any]) -> bool:
 
 def warning_step(run: dict[str, Any], *, static: bool = True) -> Optional[int]:
     """qlint.monitor's first warning: recorded (``monitor_first_warning_step``), or for records from before
-    it was, recomputed from the run's telemetry (:func:`qlint.monitoring.first_warning`, in its dtype).
+    it was, recomputed from the run's telemetry (:func:`qlint.monitor.stream.first_warning`, in its dtype).
 
     The recomputation gives each record the fact the live monitor has (``static_q``): in a model qlint
     certified, every block's exponent is at most the model's q. ``static=False`` leaves it out (the
@@ -118,7 +118,7 @@ def warning_step(run: dict[str, Any], *, static: bool = True) -> Optional[int]:
         return run["monitor_first_warning_step"]
     import torch
 
-    from qlint.monitoring import first_warning
+    from qlint.monitor.stream import first_warning
     from qlint.verify.train import amp_dtype
 
     telemetry = run.get("telemetry") or ()

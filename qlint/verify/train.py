@@ -262,7 +262,7 @@ def measure_stream(monitor, series, starts, seq_len: int, horizon: int, step: in
 def evaluate(model, series, seq_len: int, horizon: int, max_windows: int, batch: int, amp: str,
              monitor=None, step: int = 0) -> float:
     """Mean squared error over the split's windows (evenly subsampled to ``max_windows``);
-    with ``monitor`` (a :class:`qlint.monitoring.StreamMonitor`) first :func:`measure_stream`."""
+    with ``monitor`` (a :class:`qlint.monitor.stream.StreamMonitor`) first :func:`measure_stream`."""
     import torch
 
     from qlint.verify.data import batch_windows
@@ -288,7 +288,7 @@ def train_run(cfg: RunConfig) -> dict[str, Any]:
     """Train one model and return its record (without ``q``: the grid adds it)."""
     import torch
 
-    from qlint.monitoring import StreamMonitor
+    from qlint.monitor.stream import StreamMonitor
     from qlint.verify.data import batch_windows, load_dataset
 
     if cfg.threads:

@@ -49,6 +49,8 @@ CONSERVATIVE = {
     "r7_postnorm.py:post_batchnorm_train_safe": "BatchNorm on batch statistics after the join is read as the head's transition, not as the block's Post-LN norm",
     "r7_reflected.py:rtruediv_shift_ratio_safe": "(n + 1) / n for n >= 1 lies in (1, 2]: the own-shift ratio rule reads n / (n + c) only",
     "r7_reflected.py:rsub_softmax_safe": "exp(min z - z) normalised by its sum: the shift by the row minimum has no rule (the maximum's has)",
+    "r8_bounds.py:negative_correction_ln_times_u_safe": "a variance with a negative correction is no statistic the normalisation rule takes (its deviation passes sqrt(n) standard deviations; the wider bound is not derived)",
+    "r8_divisors.py:fmod_inf_linear_safe": "a float buffer holding inf is unknown wherever it is read (fmod by inf keeps its dividend: linear here, but a rule reading the buffer as a finite constant would not be sound)",
     "r6_casts.py:own_shift_int64_safe": "an integer cast is not followed by the relations: past 2^63 a float -> int64 conversion wraps to INT64_MIN, so n / (int64(n) + 1) then grows like n (exact only below 9.2e18, which the label measures)",
     "r1_buffers.py:denorm_with_running_std_safe": "a buffer the forward writes (running statistics) read by value outside BatchNorm is unknown",
 }

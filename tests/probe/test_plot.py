@@ -13,7 +13,7 @@ from click.testing import CliRunner
 from qlint.ci import html_report
 from qlint.cli import main
 from qlint.core.results import Block, ModelReport
-from qlint.probe.curves import GrowthCurve, curves, record
+from qlint.core.curves import GrowthCurve, curves, record
 from conftest import fixture_spec
 
 POLY = fixture_spec("toy.py:poly_mlp")  # x + W2 (W1 x)^3: q = 3

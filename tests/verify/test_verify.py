@@ -809,5 +809,6 @@ def test_figures_name_the_verify_extra_when_matplotlib_is_missing(monkeypatch):
     from qlint.verify import figures as F
 
     monkeypatch.setitem(sys.modules, "matplotlib", None)  # import matplotlib now raises ImportError
-    with pytest.raises(RuntimeError, match=r"^qlint verify figures need matplotlib: pip install 'torch-qlint\[verify\]'$"):
+    with pytest.raises(RuntimeError, match=r"^qlint verify figures need the \[verify\] extra \(matplotlib is not installed\): "
+                                           r"pip install 'torch-qlint\[verify\]'$"):
         F._pyplot()

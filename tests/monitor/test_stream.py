@@ -1,5 +1,5 @@
 """qlint.monitor: per-block stream norms and gains on a fixed batch, its warnings, and the Hugging Face
-Trainer callback run for real on a tiny model (Lightning's, with the log sinks: tests/test_monitor_logs.py)."""
+Trainer callback run for real on a tiny model (Lightning's, with the log sinks: tests/monitor/test_monitor_logs.py)."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ from torch import nn
 
 import qlint
 from conftest import ROOT
-from qlint.monitoring import (MonitorError, StreamMonitor, escape_scale, first_warning, overflow_depth, top_exponent,
+from qlint.monitor.stream import (MonitorError, StreamMonitor, escape_scale, first_warning, overflow_depth, top_exponent,
                               warning_for)
 
 
@@ -310,7 +310,7 @@ def test_no_blocks_no_batch_or_no_trace_is_an_error_not_silence():
 
 
 def test_importing_qlint_and_the_callbacks_imports_neither_library():
-    code = ("import sys, qlint, qlint.monitor_callbacks; qlint.monitor; "
+    code = ("import sys, qlint, qlint.monitor.callbacks; qlint.monitor; "
             "print(any(m.split('.')[0] in ('transformers', 'lightning', 'pytorch_lightning') for m in sys.modules))")
     result = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True)
     assert result.returncode == 0, result.stderr
@@ -326,7 +326,7 @@ def test_hugging_face_trainer_logs_the_figures_of_every_block(tmp_path):
     os.environ["HF_HUB_OFFLINE"] = "1"
     from transformers import GPT2Config, GPT2LMHeadModel, Trainer, TrainingArguments
 
-    from qlint.monitor_callbacks import QlintTrainerCallback
+    from qlint.monitor.callbacks import QlintTrainerCallback
 
     torch.manual_seed(0)
     model = GPT2LMHeadModel(GPT2Config(n_layer=1, n_embd=16, n_head=2, n_positions=16, vocab_size=32, bos_token_id=0, eos_token_id=0))

@@ -1,5 +1,5 @@
-"""``qlint.monitor``: the residual stream's growth measured during a user's own training
-(the module is ``qlint.monitoring``, so the function keeps the name).
+"""``qlint.monitor``: the residual stream's growth measured during a user's own training (the package
+:mod:`qlint.monitor` is callable as this module's :func:`monitor`).
 
 The static verdict says whether ``||v(x)|| <= c||x||^q + b`` holds with q <= 1; this
 module watches what training does with c. On a fixed batch it records, per residual

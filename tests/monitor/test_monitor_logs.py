@@ -1,4 +1,4 @@
-"""qlint.monitor_logs: the CSV and TensorBoard sinks, read back, on their own and under the Hugging Face
+"""qlint.monitor.logs: the CSV and TensorBoard sinks, read back, on their own and under the Hugging Face
 Trainer / Lightning callbacks (whose own loggers get the same figures)."""
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from torch import nn
 
 import qlint
 from conftest import ROOT
-from qlint.monitor_logs import CSVLog, TensorBoardLog, fan_out, figures, metrics
+from qlint.monitor.logs import CSVLog, TensorBoardLog, fan_out, figures, metrics
 
 
 class MLP(nn.Module):
@@ -197,11 +197,11 @@ def test_tensorboard_log_uses_a_given_writer_and_leaves_it_open():
 
 
 def test_importing_the_sinks_does_not_import_tensorboard_and_a_missing_one_says_what_to_install(tmp_path):
-    code = ("import sys, qlint, qlint.monitor_logs\n"
+    code = ("import sys, qlint, qlint.monitor.logs\n"
             "print(any(m.split('.')[0] == 'tensorboard' for m in sys.modules))\n"
             "sys.modules['tensorboard'] = None\n"
             "try:\n"
-            f"    qlint.monitor_logs.TensorBoardLog({str(tmp_path)!r})\n"
+            f"    qlint.monitor.logs.TensorBoardLog({str(tmp_path)!r})\n"
             "except ImportError as exc:\n"
             "    print(exc)\n")
     result = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True)
@@ -252,7 +252,7 @@ def _fit_lightning(lightning, callback, logger):
 
 def test_lightning_callback_sends_its_records_to_the_sink(tmp_path):
     lightning = _lightning()
-    from qlint.monitor_callbacks import QlintLightningCallback
+    from qlint.monitor.callbacks import QlintLightningCallback
 
     with CSVLog(tmp_path / "qlint.csv") as sink:
         records, trainer = _fit_lightning(lightning, QlintLightningCallback(every_steps=1, log=sink), logger=False)
@@ -266,7 +266,7 @@ def test_lightning_callback_sends_its_records_to_the_sink(tmp_path):
 @pytest.mark.parametrize("kind", ["csv", "tensorboard"])
 def test_lightning_loggers_get_the_qlint_figures(tmp_path, kind):
     lightning = _lightning()
-    from qlint.monitor_callbacks import QlintLightningCallback
+    from qlint.monitor.callbacks import QlintLightningCallback
 
     if kind == "csv":
         logger = lightning.loggers.CSVLogger(str(tmp_path), name="run", version=0)
@@ -299,7 +299,7 @@ def test_hugging_face_trainer_reports_the_qlint_figures_to_tensorboard(tmp_path,
 
     from transformers import GPT2Config, GPT2LMHeadModel, Trainer, TrainingArguments
 
-    from qlint.monitor_callbacks import QlintTrainerCallback
+    from qlint.monitor.callbacks import QlintTrainerCallback
 
     torch.manual_seed(0)
     model = GPT2LMHeadModel(GPT2Config(n_layer=1, n_embd=16, n_head=2, n_positions=16, vocab_size=32, bos_token_id=0,

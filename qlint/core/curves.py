@@ -2,7 +2,7 @@
 
 ``qlint probe`` records one curve per block in the block's JSON (``growth_curve``: the median over
 the random directions as built of log10 ||v(alpha x)|| against log10 ||alpha x||); the HTML report
-(:mod:`qlint.ci.html`) draws it as SVG and ``qlint probe --plot`` (:mod:`qlint.probe.plot`) as a PNG,
+(:mod:`qlint.ci.html_report`) draws it as SVG and ``qlint probe --plot`` (:mod:`qlint.probe.plot`) as a PNG,
 both from :func:`curves`, each beside a reference line of slope q_static. Nothing here imports torch.
 """
 

@@ -6,8 +6,8 @@ neither library until one is asked for (and says which to install when it is mis
 Both take a fixed batch (given, or the first training batch), measure it on every
 evaluation and, with ``every_steps``, every that many optimizer steps, and log the
 figures through the framework's own logging as ``qlint/<block>/stream_norm`` and
-``qlint/<block>/gain@<s>`` (and any other figure of the records, :func:`qlint.monitor_logs.figures`; nan
-for a non-finite figure); ``log=`` sends each record to a sink of :mod:`qlint.monitor_logs`
+``qlint/<block>/gain@<s>`` (and any other figure of the records, :func:`qlint.monitor.logs.figures`; nan
+for a non-finite figure); ``log=`` sends each record to a sink of :mod:`qlint.monitor.logs`
 as well; the records themselves are in ``callback.monitor.records``. The warning's depth
 signal is about the training dtype: float16 / bfloat16 under mixed precision, else the
 parameters' dtype.
@@ -19,8 +19,8 @@ from typing import Any, Callable, Optional, Sequence
 
 import torch
 
-from qlint.monitor_logs import metrics
-from qlint.monitoring import DEFAULT_SCALES, StreamMonitor
+from qlint.monitor.logs import metrics
+from qlint.monitor.stream import DEFAULT_SCALES, StreamMonitor
 
 __all__ = ["QlintLightningCallback", "QlintTrainerCallback"]
 
@@ -87,7 +87,7 @@ def _trainer_callback() -> type:
         ``inputs``: the fixed batch as the model's positional inputs; default: the first
         batch of the train dataloader, ``to_inputs(batch)`` (default: the model's main
         input, ``(batch["input_ids"],)`` for a language model). ``log``: a sink each record
-        also goes to (:mod:`qlint.monitor_logs`: ``CSVLog``, ``TensorBoardLog``).
+        also goes to (:mod:`qlint.monitor.logs`: ``CSVLog``, ``TensorBoardLog``).
         """
 
         def __init__(self, inputs: Any = None, *, every_steps: int = 0, scales: Sequence[float] = DEFAULT_SCALES,
@@ -143,7 +143,7 @@ def _lightning_callback() -> type:
         ``model``: the network whose blocks are measured (default: the LightningModule
         itself). ``inputs``: the fixed batch; default: ``to_inputs`` of the first training
         batch (default: the batch if it is a tensor, else its first item). ``log``: a sink
-        each record also goes to (:mod:`qlint.monitor_logs`: ``CSVLog``, ``TensorBoardLog``).
+        each record also goes to (:mod:`qlint.monitor.logs`: ``CSVLog``, ``TensorBoardLog``).
         """
 
         def __init__(self, inputs: Any = None, *, model: Optional[torch.nn.Module] = None, every_steps: int = 0,
@@ -177,4 +177,4 @@ def __getattr__(name: str) -> Any:
         cls = _FACTORIES[name]()
         globals()[name] = cls
         return cls
-    raise AttributeError(f"module 'qlint.monitor_callbacks' has no attribute {name!r}")
+    raise AttributeError(f"module 'qlint.monitor.callbacks' has no attribute {name!r}")
