@@ -433,20 +433,28 @@ def test_crlf_and_a_coding_line_are_kept_and_only_the_edited_line_changes(tmp_pa
 
 
 def test_a_patch_that_breaks_another_model_of_the_run_is_not_kept(tmp_path):
-    """The norm's width comes from this model's shapes: a model of the run built wider would break."""
-    wide = BUILD.replace("build_model", "build_wide").replace("Block(8)", "Block(16)").replace("4, 8", "4, 16")
+    """Block takes no argument, so its norm's width is the number its layers are built with; a subclass of
+    it in another model of the run rebuilds them wider, and the norm Block gains would break it."""
+    wide = BUILD.replace("build_model", "build_wide").replace("Block(8)", "Wide()").replace("4, 8", "4, 16")
     body = '''class Block(nn.Module):
-    def __init__(self, d):
+    def __init__(self):
         super().__init__()
-        self.a, self.b = nn.Linear(d, d), nn.Linear(d, d)
+        self.a, self.b = nn.Linear(8, 8), nn.Linear(8, 8)
 
     def forward(self, x):
         return x + self.a(x) * self.b(x)
+
+
+class Wide(Block):
+    def __init__(self):
+        super().__init__()
+        self.a, self.b = nn.Identity(), nn.Identity()
 '''
-    repo = _repo(tmp_path, {"m.py": HEADER + body + BUILD + wide})
+    build = BUILD.replace("Block(8)", "Block()")
+    repo = _repo(tmp_path, {"m.py": HEADER + body + build + wide})
     shown = _qlint(repo, "m.py:build_model", "m.py:build_wide", "--fix", "--unsafe-fixes")
     assert "`m.py:build_wide` would no longer analyse" in shown.stderr
-    assert "fixed m.py" not in shown.stderr and (repo / "m.py").read_text() == HEADER + body + BUILD + wide
+    assert "fixed m.py" not in shown.stderr and (repo / "m.py").read_text() == HEADER + body + build + wide
 
 
 def test_a_file_changed_while_qlint_worked_is_not_written(tmp_path):

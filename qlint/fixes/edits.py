@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any, Callable, Optional
 
 import libcst as cst
+import torch
 import torch.fx as fx
 from libcst.metadata import MetadataWrapper, PositionProvider
 
@@ -146,7 +147,10 @@ def _submodule(context: BlockContext, node: fx.Node, root: Path, attr: str, widt
     if not width.isdigit():
         raise EditError(f"the width of `{width_of.name}` is unknown (no traced shape)")
     owner = _owner(context.analysis.model, module_path(node) or "", file, line)
-    layers = tuple((name, attribute, position) for name, child in owner.named_children()
+    held = list(owner.named_children())  # and the layers of an nn.Sequential it holds
+    held += [(f"{name}.{inner}", layer) for name, child in owner.named_children()
+             if isinstance(child, torch.nn.Sequential) for inner, layer in child.named_children()]
+    layers = tuple((name, attribute, position) for name, child in held
                    for attribute, position in _WIDTH_ARGUMENTS.items()
                    if _last(getattr(child, attribute, None)) == int(width))
     return Submodule(file, line, attr, context.norm, int(width), layers)
@@ -202,7 +206,8 @@ def _width_argument(init: cst.FunctionDef, sub: Submodule) -> str:
 
 
 def _layers_built(init: cst.FunctionDef) -> dict[str, cst.Call]:
-    """``self.<name> = <call>`` (also ``self.a, self.b = A(...), B(...)``) at the top level of ``__init__``."""
+    """``self.<name> = <call>`` (also ``self.a, self.b = A(...), B(...)``) at the top level of ``__init__``;
+    the layers an ``nn.Sequential(...)`` call lists as ``<name>.<i>``."""
     built: dict[str, cst.Call] = {}
     body = init.body.body if isinstance(init.body, cst.IndentedBlock) else ()
     for line in body:
@@ -214,10 +219,13 @@ def _layers_built(init: cst.FunctionDef) -> dict[str, cst.Call]:
                      and isinstance(value, cst.Tuple) and len(target.elements) == len(value.elements)
                      else [(target, value)])
             for left, right in pairs:
-                left, right = getattr(left, "value", left), getattr(right, "value", right)
+                left, right = (e.value if isinstance(e, cst.Element) else e for e in (left, right))
                 if (isinstance(left, cst.Attribute) and isinstance(left.value, cst.Name)
                         and left.value.value == "self" and isinstance(right, cst.Call)):
                     built[left.attr.value] = right
+                    if _callee(right) == "Sequential":
+                        built.update({f"{left.attr.value}.{i}": a.value for i, a in enumerate(right.args)
+                                      if a.keyword is None and isinstance(a.value, cst.Call)})
     return built
 
 
