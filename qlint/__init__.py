@@ -39,5 +39,6 @@ def __getattr__(name: str) -> Any:
     if name in _LAZY:
         import importlib
 
-        return getattr(importlib.import_module(_LAZY[name]), name)
+        module = importlib.import_module(_LAZY[name])
+        return module if module.__name__ == f"qlint.{name}" else getattr(module, name)  # qlint.monitor: a package
     raise AttributeError(f"module 'qlint' has no attribute {name!r}")
