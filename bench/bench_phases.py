@@ -89,7 +89,7 @@ eased = contextlib.ExitStack()  # the collector as the CLI's worker process has 
 eased.enter_context(getattr(qlint.api, "collections_eased", contextlib.nullcontext)())
 import torch
 import qlint.analysis, qlint.loader, qlint.lint
-import qlint.core.capture as capture, qlint.core.graph_check as graph_check, qlint.core.engine as engine
+import qlint.capture.pipeline as capture, qlint.capture.graph_check as graph_check, qlint.growth.engine as engine
 import qlint.probe.block_witness as block_witness
 leave()
 spec = sys.argv[1]

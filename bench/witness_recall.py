@@ -30,7 +30,7 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 def caught(spec: str) -> tuple[str, str]:
     """("caught" | "missed" | "untraced", what was measured or why)."""
     from qlint.analysis import Options, load_model, run
-    from qlint.core.trace import TraceFailure
+    from qlint.capture.trace import TraceFailure
     from qlint.probe.block_witness import witness
 
     options = Options(witness=False)

@@ -1,7 +1,7 @@
 """The per-model pipeline: load, declare, trace, analyse, lint.
 
 :func:`run` takes one model and explicit :class:`Options` and returns the full
-:class:`~qlint.core.engine.Analysis` (graph, stream, per-block values and the report
+:class:`~qlint.growth.engine.Analysis` (graph, stream, per-block values and the report
 with every finding, before suppressions); probes and remedies build on it.
 Configuration files, suppressions and baselines are applied one floor up, by
 :mod:`qlint.api`, which the command line uses too.
@@ -18,12 +18,12 @@ import torch
 
 from qlint.registry import Declared
 from qlint.registry import default as default_registry
-from qlint.core.engine import Analysis, Gap, analyse_graph
+from qlint.growth.engine import Analysis, Gap, analyse_graph
 from qlint.core.results import ModelReport
-from qlint.core.capture import capture, shapes_of
-from qlint.core.graph_check import computes
+from qlint.capture.pipeline import capture, shapes_of
+from qlint.capture.graph_check import computes
 from qlint.core.ops import declared_name
-from qlint.core.trace import TraceFailure, TracedGraph
+from qlint.capture.trace import TraceFailure, TracedGraph
 from qlint.lint import run_checks
 from qlint.loader import LoadedModel, load, make_inputs
 
@@ -42,7 +42,7 @@ class Options:
     primitives: Mapping[type, Declared] = field(default_factory=dict)  # declared opaque modules, by class
     # [tool.qlint.primitives]: opaque modules by class name, matched against the model's classes by `run`
     declared_by_name: Mapping[str, tuple[float, str]] = field(default_factory=dict)
-    layer_reuse: bool = True  # export traces identical layers once (qlint.core.reuse); off: every layer traced
+    layer_reuse: bool = True  # export traces identical layers once (qlint.capture.reuse); off: every layer traced
     # measure every certified block before certifying it (qlint.probe.block_witness, qlint.api runs it)
     witness: bool = True
     witness_budget: float = 10.0  # seconds the witness may spend on one model
@@ -85,7 +85,7 @@ _VERDICT_RANK = {"certified": 0, "supercritical": 1, "uncertified": 2, "failed":
 
 def _over_shapes(model: torch.nn.Module, analysis: Analysis, registry: Any, spec: str, options: Options) -> Analysis:
     """The analysis of the worst input shape the model runs on, when the first graph (an export,
-    traced on the example) does not compute the model on every shape tried (:mod:`qlint.core.shapes`).
+    traced on the example) does not compute the model on every shape tried (:mod:`qlint.capture.shapes`).
 
     Uncovered shapes are traced again and analysed, most telling first; a later one that an
     analysed graph computes is covered by it. The report is the one with the worst verdict (then
@@ -144,7 +144,7 @@ def _over_shapes(model: torch.nn.Module, analysis: Analysis, registry: Any, spec
 
 def _over_modes(model: torch.nn.Module, analysis: Analysis, registry: Any, spec: str, options: Options) -> Analysis:
     """The analysis of the worst graph among the one analysed and those the model gives in the global
-    modes its forward may read (:func:`qlint.core.capture._in_modes`): a certificate holds in every
+    modes its forward may read (:func:`qlint.capture.pipeline._in_modes`): a certificate holds in every
     mode the model can be run in, and a mode it cannot be traced in is a gap."""
     worst, notes = analysis, []
     for other in analysis.traced.in_modes:

@@ -20,7 +20,7 @@ import torch.fx as fx
 
 from qlint.core.graph import facts
 from qlint.core.ops import describe
-from qlint.core.relations import Normalisation
+from qlint.growth.relations import Normalisation
 from qlint.registry import Registry
 
 Status = str  # "known" | "declared" | "unknown"

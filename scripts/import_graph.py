@@ -21,23 +21,25 @@ import networkx as nx
 # floor of a module: the longest matching prefix wins; a module may import its own floor or lower
 FLOORS = {
     "qlint._version": 0,
-    "qlint.core": 0,
+    "qlint.core": 0,  # what both capture and analysis need: algebra, value domain, ops, graph facts, results
     "qlint.zoo": 0,
     "qlint.loader": 0,
-    "qlint.registry": 1,
-    "qlint.lint": 2,
-    "qlint.analysis": 3,
-    "qlint.coverage": 3,
-    "qlint.ci": 4,
-    "qlint.probe": 4,
-    "qlint.remedies": 4,
-    "qlint.api": 5,
-    "qlint.fixes": 5,  # remedies as source patches, re-checked on the patched source
-    "qlint.monitor": 5,  # the probe's velocity measured during training, its callbacks and sinks
-    "qlint.verify": 6,
-    "qlint.cli": 7,
-    "qlint.__main__": 7,
-    "qlint": 8,  # the package facade: qlint.check / qlint.analyze / qlint.register, resolved lazily
+    "qlint.capture": 1,  # a model in, a checked graph out
+    "qlint.growth": 2,  # a graph in, blocks and exponents out
+    "qlint.registry": 3,
+    "qlint.lint": 4,
+    "qlint.analysis": 5,
+    "qlint.coverage": 5,
+    "qlint.ci": 6,
+    "qlint.probe": 6,
+    "qlint.remedies": 6,
+    "qlint.api": 7,
+    "qlint.fixes": 7,  # remedies as source patches, re-checked on the patched source
+    "qlint.monitor": 7,  # the probe's velocity measured during training, its callbacks and sinks
+    "qlint.verify": 8,
+    "qlint.cli": 9,
+    "qlint.__main__": 9,
+    "qlint": 10,  # the package facade: qlint.check / qlint.analyze / qlint.register, resolved lazily
 }
 
 

@@ -42,7 +42,7 @@ MODES = ("train", "eval")
 # seconds one model may take (load, trace, analyse, witness) before its worker is killed: a LLaMA-2-7B config on
 # the meta device takes a few minutes on a loaded 2-core machine, a factory that hangs never ends
 DEFAULT_TIMEOUT = 1200.0
-TRACERS = ("symbolic_trace", "export", "make_fx")  # qlint.core.trace.TRACERS (which imports torch)
+TRACERS = ("symbolic_trace", "export", "make_fx")  # qlint.capture.trace.TRACERS (which imports torch)
 try:
     from qlint.loader import DTYPES  # the dtypes --input-dtype accepts (torch-free import)
 except ImportError:  # pragma: no cover

@@ -1,3 +1,3 @@
-"""The engine: the exponent algebra, the value domain, tracing, graph facts, the stream of
-blocks, propagation and the result dataclasses. Nothing here imports the registry, the
-lint rules, configuration, click or rich: the registry is passed in."""
+"""The base floor both the capture and the growth analysis stand on: the exponent algebra, the value
+domain, op binding, graph facts, the result dataclasses, the measured growth curves, errors. Nothing
+here imports the registry, the lint rules, configuration, click or rich: the registry is passed in."""

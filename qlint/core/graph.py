@@ -496,6 +496,8 @@ import re as _re
 _FRAME = _re.compile(r'File "(?P<file>[^"]+)", line (?P<line>\d+), in (?P<func>\S+)')
 TORCH_DIR = torch.__file__.rsplit("/", 1)[0] + "/"  # with the separator: torchvision/ is not torch's
 _QLINT_DIR = __file__.rsplit("/", 2)[0] + "/"
+# the floors of qlint's engine (base, capture, growth): a frame in one is not the user's construct
+ENGINE_FOLDERS = ("/qlint/core/", "/qlint/capture/", "/qlint/growth/")
 
 
 def module_path(node: fx.Node) -> str:

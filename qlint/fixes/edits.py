@@ -24,7 +24,7 @@ import torch
 import torch.fx as fx
 from libcst.metadata import MetadataWrapper, PositionProvider
 
-from qlint.core.engine import source_of
+from qlint.growth.engine import source_of
 from qlint.core.graph import facts, module_path
 from qlint.core.ops import op_name
 from qlint.remedies.context import BlockContext

@@ -8,7 +8,7 @@ from typing import Iterable, Iterator, Optional
 
 import torch.fx as fx
 
-from qlint.core.engine import Analysis, relative, source_of
+from qlint.growth.engine import Analysis, relative, source_of
 from qlint.core.graph import GraphFacts, module_path
 from qlint.core.ops import op_name
 from qlint.core.results import Finding, Source

@@ -40,8 +40,8 @@ from typing import Callable, Optional
 import torch
 import torch.fx as fx
 
-from qlint.core.blocks import Term
-from qlint.core.engine import Analysis
+from qlint.growth.blocks import Term
+from qlint.growth.engine import Analysis
 from qlint.core.graph import module_path
 from qlint.lint.graph_queries import (argument, constant_value, family, is_normalizer, once_per_graph, op, stacks,
                                      uses_running_stats)

@@ -6,7 +6,7 @@ import math
 from typing import Any, Iterable, Optional, Union
 
 from qlint.core.algebra import format_q
-from qlint.core.engine import Analysis, dominant_step
+from qlint.growth.engine import Analysis, dominant_step
 from qlint.core.results import Block, Finding, Source, Transition
 from qlint.lint.rule import Rule, checker
 
@@ -76,7 +76,7 @@ def post_activation(analysis: Analysis, rule: Rule) -> Iterable[Finding]:
 
 @checker("QL106")
 def uncovered(analysis: Analysis, rule: Rule) -> Iterable[Finding]:
-    from qlint.core.engine import source_of
+    from qlint.growth.engine import source_of
 
     by_name: dict[str, Any] = {b.name: b for b in analysis.report.blocks}
     by_name.update({t.name: t for t in analysis.report.transitions})
@@ -101,7 +101,7 @@ def witness_refuted(analysis: Analysis, rule: Rule) -> Iterable[Finding]:
 
 @checker("QL108")
 def parameter_hazard(analysis: Analysis, rule: Rule) -> Iterable[Finding]:
-    from qlint.core.engine import source_of
+    from qlint.growth.engine import source_of
 
     owners = _units_reading(analysis)
     for node, hazard in analysis.prop.hazards.items():
@@ -112,7 +112,7 @@ def parameter_hazard(analysis: Analysis, rule: Rule) -> Iterable[Finding]:
 
 @checker("QL109")
 def conditional(analysis: Analysis, rule: Rule) -> Iterable[Finding]:
-    from qlint.core.process_state import Condition
+    from qlint.capture.process_state import Condition
 
     for condition in analysis.report.extra.get("conditions", []):
         read = Condition(**condition)

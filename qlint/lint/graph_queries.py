@@ -9,10 +9,10 @@ from typing import Any, Callable, Optional, TypeVar
 import torch
 import torch.fx as fx
 
-from qlint.core.engine import Analysis
+from qlint.growth.engine import Analysis
 from qlint.core.graph import facts
 from qlint.core.ops import op_name
-from qlint.core.relations import Normalisation, strip
+from qlint.growth.relations import Normalisation, strip
 
 _RUNNING_STATS_OPS = {"_native_batch_norm_legit_no_training", "_batch_norm_no_update"}
 _BATCH_STATS_OPS = {"_native_batch_norm_legit", "_native_batch_norm_legit_functional", "_batch_norm_with_update"}

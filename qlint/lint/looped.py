@@ -20,10 +20,10 @@ import torch.fx as fx
 
 from qlint.core import domain
 from qlint.core.domain import Growth
-from qlint.core.engine import Analysis, source_of
+from qlint.growth.engine import Analysis, source_of
 from qlint.core.graph import lifted_constant, module_path, run_cone
 from qlint.core.ops import describe
-from qlint.core.propagate import is_buffer, leading
+from qlint.growth.propagate import is_buffer, leading
 from qlint.core.results import Finding
 from qlint.lint.rule import Rule, checker
 from qlint.lint.graph_queries import (argument, carried, common_path, constant_value, is_normalizer, normalised_input,

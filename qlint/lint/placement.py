@@ -8,10 +8,10 @@ from dataclasses import dataclass
 from typing import Iterable, Optional
 
 from qlint.core.algebra import format_q
-from qlint.core.blocks import StreamBlock
-from qlint.core.engine import Analysis, source_of
+from qlint.growth.blocks import StreamBlock
+from qlint.growth.engine import Analysis, source_of
 from qlint.core.graph import module_path
-from qlint.core.propagate import leading
+from qlint.growth.propagate import leading
 from qlint.core.results import Finding
 from qlint.lint.branch_scale import branch_scales
 from qlint.lint.rule import Rule, checker

@@ -38,10 +38,10 @@ from typing import Any, Callable, Optional, Sequence
 import torch
 
 from qlint.analysis import Options, run
-from qlint.core.blocks import StreamBlock
+from qlint.growth.blocks import StreamBlock
 from qlint.core.errors import QlintError
-from qlint.core.graph_check import shares_parameters
-from qlint.core.trace import TraceFailure
+from qlint.capture.graph_check import shares_parameters
+from qlint.capture.trace import TraceFailure
 from qlint.probe import bounds as probe_bounds
 from qlint.probe.measure import Trajectory, VelocityField
 

@@ -40,9 +40,9 @@ from typing import Any, Callable, Optional
 
 import torch
 
-from qlint.core.engine import Analysis
+from qlint.growth.engine import Analysis
 from qlint.core.graph import facts
-from qlint.core.trace import tensor_outputs
+from qlint.capture.trace import tensor_outputs
 from qlint.probe.measure import Trajectory, VelocityField, widen
 from qlint.probe.spectral import log_norm
 from qlint.probe.witness import AS_BUILT, directions, redraw

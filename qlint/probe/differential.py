@@ -365,7 +365,7 @@ def inputs(seed: int = 0, shape: tuple = SHAPE) -> tuple[torch.Tensor]:
 def check(example: Example, *, quick: bool = True) -> Outcome:
     """qlint's verdict on the example against the eager witness (see the module docstring)."""
     from qlint.analysis import Options, run
-    from qlint.core.trace import TraceFailure
+    from qlint.capture.trace import TraceFailure
     from qlint.probe.witness import witness
 
     model = Generated(example)

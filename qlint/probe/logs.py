@@ -24,10 +24,10 @@ from typing import Any, Callable, Iterable, Optional
 import torch
 import torch.fx as fx
 
-from qlint.core.engine import Analysis, source_of
+from qlint.growth.engine import Analysis, source_of
 from qlint.core.graph import facts, module_path
 from qlint.core.ops import op_name
-from qlint.core.relations import Normalisation, strip
+from qlint.growth.relations import Normalisation, strip
 from qlint.core.results import Finding, Source
 from qlint.lint.attention import softmax_attentions  # QL201's search: both rules see the same attentions
 from qlint.lint.graph_queries import argument, is_normalizer, normalised_input, op

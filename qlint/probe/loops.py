@@ -33,7 +33,7 @@ import torch
 import torch.fx as fx
 
 from qlint.analysis import Options
-from qlint.core.engine import Analysis, source_of
+from qlint.growth.engine import Analysis, source_of
 from qlint.core.graph import module_path, run_cone
 from qlint.core.results import Finding
 from qlint.lint.rule import rule

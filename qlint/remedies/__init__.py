@@ -31,9 +31,9 @@ from torch import nn
 from qlint.analysis import Options, run
 from qlint.core import algebra
 from qlint.core.algebra import Exponent
-from qlint.core.engine import Analysis
+from qlint.growth.engine import Analysis
 from qlint.core.results import Block, Source
-from qlint.core.trace import TracedGraph
+from qlint.capture.trace import TracedGraph
 from qlint.remedies.context import BlockContext
 from qlint.remedies.registry import PLANS, Plan, make_plan
 from qlint.remedies.surgery import NotApplicable, Surgery, light_copy, model_norm_class

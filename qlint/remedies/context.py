@@ -13,11 +13,11 @@ from torch import nn
 
 from qlint.core import algebra
 from qlint.core.algebra import Exponent
-from qlint.core.blocks import StreamBlock
-from qlint.core.engine import Analysis, dominant_parent
+from qlint.growth.blocks import StreamBlock
+from qlint.growth.engine import Analysis, dominant_parent
 from qlint.core.graph import facts, module_path
 from qlint.core.ops import op_name
-from qlint.core.propagate import leading
+from qlint.growth.propagate import leading
 from qlint.core.results import Block
 from qlint.remedies.surgery import NotApplicable, main_input, model_norm_class, tensor_meta
 

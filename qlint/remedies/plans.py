@@ -14,7 +14,7 @@ import torch
 import torch.fx as fx
 import torch.nn.functional as F
 
-from qlint.core.engine import primitive_name, source_of
+from qlint.growth.engine import primitive_name, source_of
 from qlint.core.graph import facts
 from qlint.core.ops import op_name
 from qlint.remedies.context import BlockContext

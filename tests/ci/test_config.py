@@ -354,7 +354,7 @@ def test_fail_on(fail_on, severity, fails):
 def test_choices_agree_with_the_core():
     from qlint import loader
     from qlint.ci import config
-    from qlint.core import capture
+    from qlint.capture import pipeline
 
     assert config.TRACERS == capture.TRACERS
     assert tuple(config.DTYPES) == tuple(loader.DTYPES)

@@ -12,8 +12,8 @@ from click.testing import CliRunner
 from qlint.analysis import Options, load_model
 from qlint.ci.render import make_console
 from qlint.cli import main
-from qlint.core.capture import capture
-from qlint.core.trace import TraceFailure
+from qlint.capture.pipeline import capture
+from qlint.capture.trace import TraceFailure
 from conftest import ROOT
 
 TOY = "fixtures/toy.py:lipschitz_mlp"

@@ -1,4 +1,4 @@
-"""Tiny models traced and annotated the way :func:`qlint.core.engine.analyse` prepares a graph, so the
+"""Tiny models traced and annotated the way :func:`qlint.growth.engine.analyse` prepares a graph, so the
 core passes (relations, propagation, blocks) can be tested one at a time on graphs small enough to
 read whole."""
 
@@ -8,10 +8,10 @@ import torch
 import torch.fx as fx
 from torch import nn
 
-from qlint.core import canonical, relations
-from qlint.core.capture import capture
+from qlint.growth import canonical, relations
+from qlint.capture.pipeline import capture
 from qlint.core.graph import GraphFacts, annotate
-from qlint.core.trace import TracedGraph
+from qlint.capture.trace import TracedGraph
 from qlint.registry import default as default_registry
 
 D = 8  # the width of every test model

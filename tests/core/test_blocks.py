@@ -1,4 +1,4 @@
-"""find_stream (qlint.core.blocks) on small traced graphs: which joins are blocks, their skip and
+"""find_stream (qlint.growth.blocks) on small traced graphs: which joins are blocks, their skip and
 velocity terms, their form and names, and the transitions that cover the ops between them."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ import torch.nn.functional as F
 from core_graphs import D, Residual, Stack, named, prepare
 from torch import nn
 
-from qlint.core.blocks import Stream, find_stream
+from qlint.growth.blocks import Stream, find_stream
 
 
 def stream_of(model: nn.Module) -> Stream:

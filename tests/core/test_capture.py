@@ -11,7 +11,7 @@ from torch import nn
 import qlint
 from qlint.analysis import Options, run_specs as check
 from qlint.cli import main
-from qlint.core.capture import capture
+from qlint.capture.pipeline import capture
 from conftest import fixture_spec
 
 D = 8
@@ -360,8 +360,8 @@ def test_every_tracer_shares_the_models_parameters(tracer):
     import torch
     from torch import nn
 
-    from qlint.core.capture import capture
-    from qlint.core.graph_check import shares_parameters
+    from qlint.capture.pipeline import capture
+    from qlint.capture.graph_check import shares_parameters
 
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(8, 8), nn.LayerNorm(8))

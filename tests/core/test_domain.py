@@ -26,7 +26,7 @@ from qlint.core import domain
 from qlint.core.domain import ANY, Growth, Range
 from qlint.core.graph import NodeFacts
 from qlint.core.ops import bind
-from qlint.core.propagate import apply
+from qlint.growth.propagate import apply
 from qlint.registry import default
 
 FINITE = st.floats(min_value=-1e3, max_value=1e3, allow_nan=False)

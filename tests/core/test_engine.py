@@ -1,4 +1,4 @@
-"""engine.analyse_graph (qlint.core.engine) on one traced graph: each block's velocity exponent, its verdict
+"""engine.analyse_graph (qlint.growth.engine) on one traced graph: each block's velocity exponent, its verdict
 against the threshold, the derivation that explains it, and the report's header."""
 
 from __future__ import annotations
@@ -10,8 +10,8 @@ import torch
 from core_graphs import D, Forward, Residual, example
 from torch import nn
 
-from qlint.core.capture import capture
-from qlint.core.engine import Analysis, analyse_graph
+from qlint.capture.pipeline import capture
+from qlint.growth.engine import Analysis, analyse_graph
 from qlint.registry import default as default_registry
 
 

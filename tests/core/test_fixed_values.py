@@ -1,4 +1,4 @@
-"""Values computed from shapes and literals alone are bounded by their entries (qlint.core.propagate).
+"""Values computed from shapes and literals alone are bounded by their entries (qlint.growth.propagate).
 
 T5's relative-position buckets take log(0) = -inf and select past it with ``where``: the
 buckets are finite, so the per-op hazard of the log must not reach the block. Only a value
@@ -111,7 +111,7 @@ class DividedByUninitialised(nn.Module):
 
 @pytest.mark.parametrize("tracer", ["export", "make_fx"])
 def test_uninitialised_memory_is_never_evaluated_by_value(tracer):
-    from qlint.core.trace import TraceFailure
+    from qlint.capture.trace import TraceFailure
 
     try:
         blocks, _ = verdict(DividedByUninitialised(), tracer)

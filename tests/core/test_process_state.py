@@ -1,4 +1,4 @@
-"""What a forward reads from the process around it (qlint.core.process_state): who made the read decides
+"""What a forward reads from the process around it (qlint.capture.process_state): who made the read decides
 whether it is the model's condition (its own code), a library's switch (an installed package) or
 torch's own business (a kernel library torch loads reads its configuration)."""
 
@@ -11,8 +11,8 @@ import pytest
 import torch
 from torch import nn
 
-from qlint.core.eager_record import record
-from qlint.core.process_state import environment_set
+from qlint.capture.eager_record import record
+from qlint.capture.process_state import environment_set
 
 
 def _compiled(file: str):

@@ -1,4 +1,4 @@
-"""GrowthProp (qlint.core.propagate) on small traced graphs: the exponent of every node of the
+"""GrowthProp (qlint.growth.propagate) on small traced graphs: the exponent of every node of the
 whole-graph pass, each input seeded at q = 1 (Theorem 9: composition multiplies, a sum takes the
 max, a Hadamard product adds, a norm gives 0)."""
 
@@ -12,7 +12,7 @@ import torch.nn.functional as F
 from core_graphs import D, Forward, named, prepare
 from torch import nn
 
-from qlint.core.propagate import GrowthProp, leading
+from qlint.growth.propagate import GrowthProp, leading
 
 
 def mystery(x):

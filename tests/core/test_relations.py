@@ -1,4 +1,4 @@
-"""Each relational fact of qlint.core.relations on tiny graphs: proved where the algebra holds, and not
+"""Each relational fact of qlint.growth.relations on tiny graphs: proved where the algebra holds, and not
 proved for the near miss beside it (no eps, another reduction group, another tensor, a cap)."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from core_graphs import D, Forward, named, output_value, prepare
 from torch import nn
 
 from qlint.core.graph import facts
-from qlint.core.relations import (Normalisation, OwnMaxShift, OwnShiftRatio, OwnSumRatio, match_normalisation,
+from qlint.growth.relations import (Normalisation, OwnMaxShift, OwnShiftRatio, OwnSumRatio, match_normalisation,
                                   strip)
 
 

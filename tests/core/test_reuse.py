@@ -1,4 +1,4 @@
-"""Identical layers traced once (qlint.core.reuse): with and without reuse, every model of the
+"""Identical layers traced once (qlint.capture.reuse): with and without reuse, every model of the
 zoo gets the same per-block results; layers that differ by index (alternating attention,
 MoE every k layers, hybrids, a forward that reads its layer index) are traced, not copied."""
 
@@ -14,9 +14,9 @@ import torch
 from torch import nn
 
 from qlint.analysis import Options, run
-from qlint.core import reuse
-from qlint.core.capture import exported
-from qlint.core.graph_check import compare_with_eager
+from qlint.capture import reuse
+from qlint.capture.pipeline import exported
+from qlint.capture.graph_check import compare_with_eager
 from qlint.loader import load
 from conftest import ALL_FACTORIES, fixture, fixture_spec
 
@@ -383,7 +383,7 @@ def test_a_poison_raises_on_every_use_but_passes_isinstance():
 def test_copies_that_the_graph_check_refutes_are_traced_again_layer_by_layer(monkeypatch):
     """The graph check runs the expanded graph against the eager model; a mismatch there
     means a copy is not its layer, and the model is exported again, every layer traced."""
-    from qlint.core import capture, graph_check
+    from qlint.capture import pipeline, graph_check
 
     checked = []
 
@@ -502,7 +502,7 @@ class HelperParent(Globally):
     table = HELPER_MODE
 
 
-@pytest.mark.xfail(strict=True, reason="known corner (qlint/core/reuse.py): a helper's global that the caller "
+@pytest.mark.xfail(strict=True, reason="known corner (qlint/capture/reuse.py): a helper's global that the caller "
                                        "changes between layers is not compared, and on meta no graph check refutes the copy")
 def test_a_global_read_through_a_helper_and_changed_between_layers_on_meta():
     with torch.device("meta"):

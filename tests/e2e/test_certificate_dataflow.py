@@ -25,7 +25,7 @@ import pytest
 import torch
 
 from conftest import ROOT, load_module
-from qlint.core.graph_check import GraphMismatch, compare_with_eager, python_state
+from qlint.capture.graph_check import GraphMismatch, compare_with_eager, python_state
 
 SPEC = "fixtures/dataflow.py"
 dataflow = load_module(ROOT / "fixtures" / "dataflow.py", "dataflow_fixtures")
@@ -255,7 +255,7 @@ def test_a_held_read_is_followed_through_ops_and_not_confused_with_literals_or_i
     """The read of (config["aux"] * 2 + 1) is traced back through two ops to the held tensor; a literal
     built in the forward (torch.tensor(0.5)) and a value of the input are not held tensors (the tracers see
     an input's reads themselves)."""
-    from qlint.core.eager_record import record
+    from qlint.capture.eager_record import record
 
     class Reads(torch.nn.Module):
         def __init__(self, what):
@@ -280,7 +280,7 @@ def test_a_held_read_is_followed_through_ops_and_not_confused_with_literals_or_i
 def test_a_mode_query_from_inside_torch_is_not_the_models():
     """torch.autocast's own checks and a factory's default dtype ask torch too: only the forward's
     questions count, each with its line."""
-    from qlint.core.graph_check import asked_modes
+    from qlint.capture.graph_check import asked_modes
 
     class Quiet(torch.nn.Module):
         def forward(self, x):
@@ -302,8 +302,8 @@ def test_a_mode_query_from_inside_torch_is_not_the_models():
 
 def test_checking_leaves_the_models_python_state_as_it_was():
     """The check calls the forward many times: a counter it moves is put back."""
-    from qlint.core.capture import capture
-    from qlint.core.trace import TraceFailure
+    from qlint.capture.pipeline import capture
+    from qlint.capture.trace import TraceFailure
 
     model, inputs = dataflow.reads_call_counter()
     before = python_state(model)

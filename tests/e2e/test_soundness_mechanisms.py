@@ -26,11 +26,11 @@ from torch import nn
 
 from conftest import ROOT, load_module
 from qlint.analysis import Options, run
-from qlint.core.blocks import Stream, dataflow, stream_carrying
+from qlint.growth.blocks import Stream, dataflow, stream_carrying
 from qlint.core.domain import Growth
-from qlint.core.engine import coverage_gaps
+from qlint.growth.engine import coverage_gaps
 from qlint.core.ops import Call
-from qlint.core.propagate import structure_mismatch
+from qlint.growth.propagate import structure_mismatch
 from qlint.registry import default
 
 SPEC = "fixtures/soundness.py"
@@ -243,7 +243,7 @@ STRIDED_GUARDS = [  # torch.export's guards for a stride-2 stem, a stride-32 sta
 
 
 def test_the_guards_cut_an_axis_into_regions_and_each_region_is_tried_once():
-    from qlint.core.shapes import Guards, candidates, regions
+    from qlint.capture.shapes import Guards, candidates, regions
 
     example = (torch.zeros(1, 3, 64, 64),)
     guards = Guards(example, ["x"], STRIDED_GUARDS)
@@ -280,7 +280,7 @@ def test_the_guards_cut_an_axis_into_regions_and_each_region_is_tried_once():
     ("L['x'].size()[1] == 12", False),
 ])
 def test_export_size_assumptions_are_told_from_the_models_dispatch(guard, assumed):
-    from qlint.core.shapes import _specialisation
+    from qlint.capture.shapes import _specialisation
 
     assert _specialisation(guard) is assumed
 
@@ -308,7 +308,7 @@ class InputMasked(nn.Module):
     (InputMasked(), (torch.randn(2, 6, 3), (torch.rand(2, 6, 3) > 0.5).float()), 0),  # a mask's entries are not known
 ])
 def test_an_all_ones_masked_average_is_rewritten_to_the_mean_it_is(model, inputs, rewrites):
-    from qlint.core.canonical import simplify
+    from qlint.growth.canonical import simplify
     from qlint.core.graph import annotate
 
     module = torch.export.export(model, inputs, strict=False).module()
@@ -321,7 +321,7 @@ def test_an_all_ones_masked_average_is_rewritten_to_the_mean_it_is(model, inputs
 
 def test_a_dispatch_on_a_product_of_axes_is_found_by_changing_both():
     """B * T == 12 is reached from (5, 5) only by changing both axes: the pair nearest the example is tried."""
-    from qlint.core.shapes import Guards, candidates
+    from qlint.capture.shapes import Guards, candidates
 
     example = (torch.zeros(5, 5, 8),)
     guards = Guards(example, ["x"], ["L['x'].size()[0] * L['x'].size()[1] != 12"])
@@ -440,7 +440,7 @@ class Varargs(nn.Module):
 
 
 def test_a_varargs_forward_is_exported_static_and_its_shapes_probed():
-    from qlint.core.shapes import automatic
+    from qlint.capture.shapes import automatic
 
     inputs = (torch.randn(2, 4, 8), torch.randn(2, 4, 8))
     assert automatic(Varargs(), inputs) is None

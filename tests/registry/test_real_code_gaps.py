@@ -23,7 +23,7 @@ from torch import nn
 from qlint.analysis import Options, run
 from qlint.core.domain import Growth
 from qlint.core.graph import annotate, facts
-from qlint.core.propagate import run_transfer
+from qlint.growth.propagate import run_transfer
 from qlint.registry import default
 
 needs_torchvision = pytest.mark.skipif(importlib.util.find_spec("torchvision") is None, reason="needs torchvision")

@@ -33,7 +33,7 @@ import torch.fx as fx
 from qlint.core.domain import Growth
 from qlint.core.graph import annotate, facts
 from qlint.core.ops import NEUTRAL, Call
-from qlint.core.propagate import run_transfer, structure_mismatch
+from qlint.growth.propagate import run_transfer, structure_mismatch
 from qlint.core.toml import tomllib
 from qlint.registry import default, entries, resolve, rules_dir, spellings, transfers
 

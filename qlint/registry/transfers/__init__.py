@@ -2,7 +2,7 @@
 
 A transfer reads its arguments by name through :class:`qlint.core.ops.Call`; anything
 it does not read and that depends on the input makes the result unknown (the
-propagation enforces that, see :func:`qlint.core.propagate.apply`). Each transfer is
+propagation enforces that, see :func:`qlint.growth.propagate.apply`). Each transfer is
 sound for every input and every parameter value; its docstring gives the derivation
 (paper 000, Theorem 9 and Table 1, or elementary calculus).
 

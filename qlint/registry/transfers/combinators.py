@@ -16,7 +16,7 @@ import torch.fx as fx
 from qlint.core import algebra, domain
 from qlint.core.domain import ANY, Growth, Range, unknown
 from qlint.core.ops import Call
-from qlint.core.propagate import ANY_LENGTH, TENSOR, output_structure
+from qlint.growth.propagate import ANY_LENGTH, TENSOR, output_structure
 
 
 def _real(*growths: Optional[Growth]) -> Optional[bool]:
@@ -113,7 +113,7 @@ def outputs(call: Call, *values: Growth, rest: Optional[Growth] = None) -> Any:
 def hazard(what: str) -> Growth:
     """A per-parameter value that is NaN or infinite for some parameter values (the sqrt or
     log of a parameter that may be negative). The propagation reads it at the model's own
-    parameter values (:meth:`qlint.core.propagate.GrowthProp._parameter_value`): a numerical
+    parameter values (:meth:`qlint.growth.propagate.GrowthProp._parameter_value`): a numerical
     hazard (QL108), or unknown where it is not finite there."""
     return Growth(None, depends=False, culprit=f"{what}: not finite for every parameter value")
 

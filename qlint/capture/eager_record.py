@@ -33,9 +33,9 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 
-from qlint.core.graph import TORCH_DIR
-from qlint.core.process_state import ENVIRONMENT_VALUES, Condition, ProcessReads, environment_set, own_code
-from qlint.core.trace import tensor_outputs
+from qlint.core.graph import ENGINE_FOLDERS, TORCH_DIR
+from qlint.capture.process_state import ENVIRONMENT_VALUES, Condition, ProcessReads, environment_set, own_code
+from qlint.capture.trace import tensor_outputs
 
 _INPUT = "input"  # an input's value: the tracers see those reads themselves
 # ops whose result is a tensor's value in Python (item, float(), bool(), int(), torch.equal)
@@ -283,7 +283,7 @@ class _Methods(torch.overrides.TorchFunctionMode):
 def record(model: torch.nn.Module, inputs: tuple, calls: int = 1) -> EagerRecord:
     """``calls`` eager forwards on ``inputs``: the first read of a value computed from held float tensors
     alone, in any of them, the ops the last one ran (``ran`` is False when a forward fails: the
-    tracers report that), and what they read from the process (:mod:`qlint.core.process_state`). The
+    tracers report that), and what they read from the process (:mod:`qlint.capture.process_state`). The
     caller runs it in the analysed grad mode and restores the model's state."""
     read, ops, reads_dtype = None, Counter(), False
     process = ProcessReads(model)
@@ -303,7 +303,7 @@ def record(model: torch.nn.Module, inputs: tuple, calls: int = 1) -> EagerRecord
 
 def environment_changing(conditions: list[Condition], again: Callable[[], EagerRecord]) -> dict[Condition, str]:
     """For each environment variable the model's own code read (``conditions``), the first value of
-    :data:`~qlint.core.process_state.ENVIRONMENT_VALUES` under which the forward runs other ops or reaches
+    :data:`~qlint.capture.process_state.ENVIRONMENT_VALUES` under which the forward runs other ops or reaches
     other outputs than at its value here (the model is traced there too); ``again`` records one forward
     from the same model state and random state. Every read stays a condition: a value not tried may
     take another path still."""
@@ -360,7 +360,7 @@ def _user_line() -> str:
     frame = sys._getframe(1)
     while frame is not None:
         file = frame.f_code.co_filename
-        if not file.startswith(TORCH_DIR) and "/qlint/core/" not in file:
+        if not file.startswith(TORCH_DIR) and not any(folder in file for folder in ENGINE_FOLDERS):
             code = linecache.getline(file, frame.f_lineno).strip()
             return f"{file}:{frame.f_lineno} `{code}`"
         frame = frame.f_back

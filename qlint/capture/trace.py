@@ -15,7 +15,7 @@ The traced graph must *be* the model, so every tracer refuses what it cannot see
 - ``make_fx`` runs on fake tensors with the parameters passed in (never baked in).
 
 Which tracer runs, and the stages around it (identical layers, the check against the eager
-model), is the pipeline's business (:mod:`qlint.core.capture`); this module knows no other stage.
+model), is the pipeline's business (:mod:`qlint.capture.pipeline`); this module knows no other stage.
 """
 
 from __future__ import annotations
@@ -36,7 +36,7 @@ import torch.fx as fx
 
 from qlint.core.errors import QlintError
 
-from qlint.core import hops, shapes
+from qlint.capture import hops, shapes
 from qlint.core.graph import TORCH_DIR
 
 class TraceFailure(QlintError):
@@ -97,7 +97,7 @@ class _Tracer(fx.Tracer):
         return "forward" not in m.__dict__ and self.registry.is_leaf(type(m))
 
 
-_QLINT_TRACING_FILES = ("/qlint/core/trace.py", "/qlint/core/capture.py")
+_QLINT_TRACING_FILES = ("/qlint/capture/trace.py", "/qlint/capture/pipeline.py")
 
 
 def _outside_torch_stack() -> str:
@@ -387,11 +387,11 @@ def tensor_outputs(model: torch.nn.Module) -> Iterator[None]:
 
 def export_module(model: torch.nn.Module, inputs: tuple, *,
                   fatal: Callable[[BaseException], bool] = lambda exc: False) -> fx.GraphModule:
-    """The exported graph, every input axis dynamic where the model allows it (:mod:`qlint.core.shapes`),
+    """The exported graph, every input axis dynamic where the model allows it (:mod:`qlint.capture.shapes`),
     else static; the module's meta records which and the export's shape guards. On meta tensors, where
     no other shape can be compared (``graph_check.shape_coverage``), static: symbolic sizes would cost time
     only. A dynamic export's failure that is ``fatal`` is raised instead of retried static (the caller's
-    own stage failed inside the export, e.g. copied layers: :func:`qlint.core.reuse.abandoned`)."""
+    own stage failed inside the export, e.g. copied layers: :func:`qlint.capture.reuse.abandoned`)."""
     dynamic = None if has_meta(model, inputs) else shapes.automatic(model, inputs)
     program = None
     if dynamic is not None:

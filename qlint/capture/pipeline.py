@@ -4,12 +4,12 @@ For each tracer in turn (symbolic_trace, then torch.export, then make_fx; the fi
 wins) the pipeline runs:
 
 1. **preconditions**: the model's class runs its own ``forward``, no tensor subclass redefines the
-   ops it enters, the parameters are finite (:mod:`qlint.core.trace`);
-2. **group** identical sibling layers (:func:`qlint.core.reuse.find_groups`, export only);
-3. **trace** (:mod:`qlint.core.trace`), with the groups' copies recorded;
+   ops it enters, the parameters are finite (:mod:`qlint.capture.trace`);
+2. **group** identical sibling layers (:func:`qlint.capture.reuse.find_groups`, export only);
+3. **trace** (:mod:`qlint.capture.trace`), with the groups' copies recorded;
 4. **expand** the copies into the graph, or number the full graph's layers
-   (:func:`qlint.core.reuse.expand` / :func:`~qlint.core.reuse.renumber`);
-5. **check against the model** (:mod:`qlint.core.graph_check`): the graph must compute what the eager
+   (:func:`qlint.capture.reuse.expand` / :func:`~qlint.capture.reuse.renumber`);
+5. **check against the model** (:mod:`qlint.capture.graph_check`): the graph must compute what the eager
    model computes on the example, scaled and redrawn; copies the check refutes are traced again, each;
 6. **shape coverage**: the other input shapes the graph stands for.
 
@@ -25,13 +25,13 @@ from typing import Any, Optional
 import torch
 import torch.fx as fx
 
-from qlint.core import eager_record, hops
-from qlint.core import reuse as layer_reuse
-from qlint.core.graph import TORCH_DIR
-from qlint.core.graph_check import GraphMismatch, compare_with_eager, eager_failure, shape_coverage
+from qlint.capture import eager_record, hops
+from qlint.capture import reuse as layer_reuse
+from qlint.core.graph import ENGINE_FOLDERS, TORCH_DIR
+from qlint.capture.graph_check import GraphMismatch, compare_with_eager, eager_failure, shape_coverage
 from qlint.core.ops import declared_name
-from qlint.core.process_state import environment_set
-from qlint.core.trace import (ModeGraph, TraceFailure, TracedGraph, ValueSpecialised, export_module, first_line,
+from qlint.capture.process_state import environment_set
+from qlint.capture.trace import (ModeGraph, TraceFailure, TracedGraph, ValueSpecialised, export_module, first_line,
                               grad_state, has_meta, is_hugging_face, make_fx_module, non_finite_parameters, quiet,
                               redefining_tensor, restore, snapshot, symbolic_trace_module)
 
@@ -49,7 +49,7 @@ class _NoLeaves:
 def capture(model: torch.nn.Module, inputs: Optional[tuple], registry: Any = None, *, prefer: Optional[str] = None,
             reuse: bool = True, shapes_too: bool = True) -> TracedGraph:
     """The first faithful graph of symbolic_trace, export, make_fx; ``prefer``: that tracer only.
-    ``reuse``: export traces identical layers once (:mod:`qlint.core.reuse`). ``shapes_too``: check
+    ``reuse``: export traces identical layers once (:mod:`qlint.capture.reuse`). ``shapes_too``: check
     an export or make_fx graph on other input shapes too (``graph_check.shape_coverage``).
 
     A tracer the user asked for is a requirement, as an explicit flag is in mypy or ruff:
@@ -98,7 +98,7 @@ def capture(model: torch.nn.Module, inputs: Optional[tuple], registry: Any = Non
 
 
 def _recorded(model: torch.nn.Module, inputs: tuple) -> eager_record.EagerRecord:
-    """Two recorded eager forwards (:mod:`qlint.core.eager_record`): refuse a read of a held float tensor's
+    """Two recorded eager forwards (:mod:`qlint.capture.eager_record`): refuse a read of a held float tensor's
     value in Python (every tracer would keep the path today's value took); the ops the second ran, which
     the graph must run too (a first call may fill a cache the traces then find: Mimi's paddings), and what
     they read from the process around the model (the certificate's conditions)."""
@@ -205,7 +205,7 @@ def _in_modes(tracer: str, model: torch.nn.Module, module: fx.GraphModule, input
     graph is another computation than the one analysed: its outputs may agree on every input
     compared (a branch whose term vanishes on random inputs), so the pipeline analyses it too.
 
-    Which modes: the global modes :func:`qlint.core.graph_check._compare_in_modes` chose
+    Which modes: the global modes :func:`qlint.capture.graph_check._compare_in_modes` chose
     (``module.meta["qlint_modes"]``: every mode the model runs in for a symbolic_trace graph, the modes
     the forward asks about for another tracer), and an environment variable's value under which the
     eager forward computes something else (:func:`_environment_modes`)."""
@@ -414,7 +414,7 @@ def _failing_submodule(model: torch.nn.Module, exc: BaseException) -> tuple[str,
 def _user_frame(exc: BaseException) -> Optional[str]:
     """The innermost traceback frame outside torch and qlint: the user's construct."""
     for frame in reversed(traceback.extract_tb(exc.__traceback__)):
-        if (not frame.filename.startswith(TORCH_DIR) and "/qlint/core/" not in frame.filename
+        if (not frame.filename.startswith(TORCH_DIR) and not any(f in frame.filename for f in ENGINE_FOLDERS)
             and "/qlint/analysis" not in frame.filename):
             return f"{frame.filename}:{frame.lineno} `{(frame.line or '').strip()}`"
     return None

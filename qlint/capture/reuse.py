@@ -35,7 +35,7 @@ two objects deep, or through a helper's globals, changed by the caller between l
 A poison that is read, a representative called twice, a replayed member whose ops escape the
 region (a tensor read from outside its arguments, a write to its inputs, a view of them as an
 output, a higher-order op, a tied weight) all abandon reuse: the model is exported again in
-full (:func:`qlint.core.capture.capture`), and ``qlint -v`` says why. On real weights the graph
+full (:func:`qlint.capture.pipeline.capture`), and ``qlint -v`` says why. On real weights the graph
 check then runs the expanded graph against the eager model, as for any trace.
 """
 
@@ -78,7 +78,7 @@ def _(x: torch.Tensor, role: str) -> torch.Tensor:
 @torch.library.custom_op("qlint::replay", mutates_args=())
 def _replay(inputs: list[torch.Tensor], layer: str) -> list[torch.Tensor]:
     """A member's call, standing for the representative's ops (expanded before the graph runs)."""
-    raise RuntimeError("qlint::replay is a placeholder that qlint.core.reuse.expand replaces")
+    raise RuntimeError("qlint::replay is a placeholder that qlint.capture.reuse.expand replaces")
 
 
 @_replay.register_fake

@@ -17,13 +17,14 @@ from typing import Any, Optional
 import torch
 import torch.fx as fx
 
-from qlint.core import algebra, canonical, relations
-from qlint.core.blocks import Stream, StreamBlock, StreamTransition, dataflow, escapes, find_stream, stream_carrying
+from qlint.core import algebra
+from qlint.growth import canonical, relations
+from qlint.growth.blocks import Stream, StreamBlock, StreamTransition, dataflow, escapes, find_stream, stream_carrying
 from qlint.core.domain import CONSTANT, Growth, point
 from qlint.core.graph import GraphFacts, annotate, facts, user_frames
-from qlint.core.propagate import GrowthProp, apply, joint, leading
+from qlint.growth.propagate import GrowthProp, apply, joint, leading
 from qlint.core.results import Block, DerivationStep, ModelReport, Source, Transition
-from qlint.core.trace import TracedGraph, trainable_attributes
+from qlint.capture.trace import TracedGraph, trainable_attributes
 
 ZERO = Growth(0.0, depends=False, range=point(0.0))
 

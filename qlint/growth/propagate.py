@@ -23,12 +23,13 @@ from typing import Any, Iterable, Optional
 import torch
 import torch.fx as fx
 
-from qlint.core import algebra, domain, support
+from qlint.core import algebra, domain
+from qlint.growth import support
 from qlint.core.domain import ANY, CONSTANT, Growth, Range, point, unknown
 from qlint.core.graph import (GraphFacts, NodeFacts, dtype_of, facts, indeterminate, lifted_constant, run_cone,
                               shape_of, size_term, tensor_meta)
 from qlint.core.ops import Call, op_name
-from qlint.core.relations import Normalisation, OwnMaxShift, OwnShiftRatio, OwnSumRatio, Selection
+from qlint.growth.relations import Normalisation, OwnMaxShift, OwnShiftRatio, OwnSumRatio, Selection
 
 Value = Any  # a Growth, or a tuple of Values for multi-output ops
 
@@ -142,7 +143,7 @@ class GrowthProp(fx.Interpreter):
 
     def _supported(self, n: fx.Node, value: Value) -> Value:
         """A value that is 0 unless an input entry lies in a bounded interval, each entry a continuous
-        function of that entry with a known exponent (:mod:`qlint.core.support`): bounded, q = 0."""
+        function of that entry with a known exponent (:mod:`qlint.growth.support`): bounded, q = 0."""
         if not isinstance(value, Growth) or not value.depends or not value.known or value.q == 0:
             return value  # an unknown value stays unknown (a division by a fixed 0): support bounds only what is known
         if self._supports is None:

@@ -34,7 +34,7 @@ import torch.fx as fx
 
 from qlint.core.graph import GraphFacts, facts, module_path, module_stack, shape_of
 from qlint.core.ops import op_name
-from qlint.core.relations import Normalisation, strip
+from qlint.growth.relations import Normalisation, strip
 
 Form = Literal["additive", "scaled"]
 Post = Literal["", "post-norm", "post-activation"]
@@ -761,7 +761,7 @@ def _owns(join: fx.Node, node: fx.Node) -> bool:
 
 def _normalised_input(node: fx.Node, graph: GraphFacts, families: frozenset[str]) -> Optional[fx.Node]:
     """The value ``node`` normalises: a norm of the registry's ``families`` (its input) or a hand-written
-    normalisation proved by :mod:`qlint.core.relations` (its numerator, before centring; a factor that
+    normalisation proved by :mod:`qlint.growth.relations` (its numerator, before centring; a factor that
     depends on the input proves nothing here). None when ``node`` is neither."""
     info = facts(node)
     relation = info.relation

@@ -17,7 +17,7 @@ slices along the broadcast axes. The constants are read by value, so they must b
 lifted constants, integer buffers the forward never writes (the graph check's record), never parameters.
 An interval's ends may also be floating buffers the forward never writes (a spline grid), read at today's
 values: an interval between finite ends is bounded whatever the ends are, which is all the proof uses.
-:mod:`qlint.core.propagate` uses the result: a node with a bounded support whose operands all
+:mod:`qlint.growth.propagate` uses the result: a node with a bounded support whose operands all
 have a known exponent is bounded.
 """
 

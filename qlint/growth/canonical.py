@@ -4,7 +4,7 @@ Time-series scalers take an observation mask and default it to ``ones_like(x)`` 
 PatchTST, PatchTSMixer, Informer): ``loc = (x * m).sum(d, keepdim=True) / m.sum(d, keepdim=True)
 .clamp_min(1)``, ``var = ((x - loc) * m) ** 2`` summed and divided the same way. With the mask all
 ones these are ``mean`` and the variance, and ``(x - loc) / sqrt(var + eps)`` is a normalisation;
-the relations (:mod:`qlint.core.relations`) and the centring test of the block detector prove those
+the relations (:mod:`qlint.growth.relations`) and the centring test of the block detector prove those
 on ``mean`` only. Two rewrites make the graph say so, each exact for every value of x:
 
 * ``x * ones`` -> ``x``, when the ones do not broadcast x to a larger shape;

@@ -17,15 +17,15 @@ from typing import Any, Iterator, Optional
 import torch
 import torch.fx as fx
 
-from qlint.core import eager_record, shapes
-from qlint.core.eager_record import missing_ops, ops_run
+from qlint.capture import eager_record, shapes
+from qlint.capture.eager_record import missing_ops, ops_run
 from qlint.core.graph import TORCH_DIR, indeterminate
-from qlint.core.trace import (argument_names, first_line, grad_state, has_meta, quiet, restore, snapshot,
+from qlint.capture.trace import (argument_names, first_line, grad_state, has_meta, quiet, restore, snapshot,
                               tensor_outputs, tensors)
 
 def shape_coverage(model: torch.nn.Module, module: fx.GraphModule, inputs: Optional[tuple],
                    tracer: str) -> Optional[shapes.ShapeCoverage]:
-    """The shapes the graph computes the model on (:mod:`qlint.core.shapes`); None for symbolic_trace,
+    """The shapes the graph computes the model on (:mod:`qlint.capture.shapes`); None for symbolic_trace,
     whose graph records no shape (a branch on a size stops it), or without values to compare."""
     if tracer == "symbolic_trace" or inputs is None or has_meta(model, inputs):
         return None
@@ -44,7 +44,7 @@ def shape_coverage(model: torch.nn.Module, module: fx.GraphModule, inputs: Optio
 
 
 def _ops_recorded(model: torch.nn.Module, inputs: tuple) -> Optional[Counter]:
-    """The ops one eager forward runs to its outputs (:func:`qlint.core.eager_record.record`), by kind;
+    """The ops one eager forward runs to its outputs (:func:`qlint.capture.eager_record.record`), by kind;
     the model's state and the RNG are restored."""
     saved, state = snapshot(model), torch.random.get_rng_state()
     try:
@@ -123,7 +123,7 @@ def compare_with_eager(model: torch.nn.Module, module: fx.GraphModule, inputs: O
     buffers and RNG state are restored afterwards. ``other_modes``: also under every global mode the
     forward can observe (not for a graph traced in one of them, which stands for that mode only).
     ``grad``: the grad mode to compare in, when not the analysed mode's (a graph traced without gradients).
-    ``eager``: the recorded eager forward on the example (:mod:`qlint.core.eager_record`): the graph must run
+    ``eager``: the recorded eager forward on the example (:mod:`qlint.capture.eager_record`): the graph must run
     each op it ran as often, or it left out a path the model takes when not traced.
     """
     if inputs is None:
@@ -372,7 +372,7 @@ def _compare_in_modes(module: fx.GraphModule, model: torch.nn.Module, inputs: tu
     Outputs agree on random inputs also where a branch the mode takes adds a term that vanishes there
     (a correction for repeated tokens), and differ where the mode's branch is another safe computation
     (a fused MLP): so where it can, the capture traces the model in the mode instead
-    (:func:`qlint.core.capture._in_modes`), and the graph there is analysed too if it differs. Those
+    (:func:`qlint.capture.pipeline._in_modes`), and the graph there is analysed too if it differs. Those
     modes, with the line that asks about each if the forward does, go to ``module.meta["qlint_modes"]``:
     every mode the eager model runs in for a symbolic_trace graph (``every_mode``: cheap to trace again,
     and a name imported before this check or a behaviour such as a factory's dtype reads a mode without
