@@ -53,8 +53,8 @@ FAST := tests/registry tests/remedies tests/cli tests/zoo tests/test_layering.py
 	tests/ci/test_suppress.py tests/ci/test_source_paths.py \
 	tests/lint/test_rule_examples.py tests/lint/test_attention.py tests/lint/test_post_ln.py \
 	tests/lint/test_placement.py tests/lint/test_rules_doc.py \
-	tests/core/test_algebra.py tests/core/test_domain.py tests/core/test_propagate.py tests/core/test_blocks.py \
-	tests/core/test_engine.py tests/core/test_relations.py tests/core/test_fixed_values.py \
+	tests/core/test_algebra.py tests/core/test_domain.py tests/growth/test_propagate.py tests/growth/test_blocks.py \
+	tests/growth/test_engine.py tests/growth/test_relations.py tests/growth/test_fixed_values.py \
 	tests/e2e/test_certificate_dataflow.py tests/e2e/test_soundness_mechanisms.py tests/e2e/test_readme.py
 test-fast: $(VENV)/.test
 	$(PY) -m pytest $(XDIST) $(FAST)

@@ -7,7 +7,9 @@ Every ``import`` / ``from ... import`` counts, at module level or inside a funct
 (a lazy import is still a dependency), except under ``if TYPE_CHECKING:``. ``rules/``
 is scanned too: a Python module there would be a floor of its own. The floors are the
 ones docs/architecture.md draws; tests/test_layering.py asserts zero cycles and no
-upward arrow with :func:`graph` and :func:`violations`.
+upward arrow with :func:`graph` and :func:`violations`, the capture stages called one way
+(:func:`capture_order_violations`) and no folder of qlint/ or tests/ over 12 modules
+(:func:`crowded_folders`).
 """
 
 from __future__ import annotations
@@ -41,6 +43,16 @@ FLOORS = {
     "qlint.__main__": 9,
     "qlint": 10,  # the package facade: qlint.check / qlint.analyze / qlint.register, resolved lazily
 }
+
+# qlint/capture/ from the bottom up: each module imports only the ones before it, so the capture stages are
+# called in one direction. harness: what every stage shares; then the stages in the order the pipeline runs
+# them (hops and shapes: what the trace stage reads; graph_check: the check and the shape coverage); last the
+# pipeline, which calls them top to bottom.
+CAPTURE_ORDER = ("harness", "process_state", "eager_record", "reuse", "hops", "shapes", "trace", "graph_check",
+                 "pipeline")
+
+# at most this many Python modules (not counting __init__.py) in one folder of qlint/ or tests/
+MAX_MODULES_PER_FOLDER = 12
 
 
 def module_name(root: Path, path: Path) -> str:
@@ -130,6 +142,31 @@ def violations(g: nx.DiGraph) -> list[tuple[str, str]]:
     return sorted((a, b) for a, b in g.edges if floor(a) < 0 or floor(b) < 0 or floor(b) > floor(a))
 
 
+def capture_order_violations(g: nx.DiGraph) -> list[tuple[str, str]]:
+    """Arrows inside qlint.capture that do not go down :data:`CAPTURE_ORDER`, and (module, "unplaced")
+    for a capture module the order does not list."""
+    rank = {f"qlint.capture.{name}": i for i, name in enumerate(CAPTURE_ORDER)}
+    inside = [m for m in g.nodes if m.startswith("qlint.capture.")]
+    found = [(m, "unplaced") for m in inside if m not in rank]
+    found += [(a, b) for a, b in g.edges if a in rank and b in rank and rank[b] >= rank[a]]
+    return sorted(found)
+
+
+def crowded_folders(root: Path, tops: tuple[str, ...] = ("qlint", "tests"),
+                    limit: int = MAX_MODULES_PER_FOLDER) -> dict[str, int]:
+    """Folders of ``tops`` holding more than ``limit`` Python modules (``__init__.py`` not counted),
+    with their counts. ``tests/fixtures``-like data folders are not scanned: only ``tops``."""
+    counts: dict[str, int] = {}
+    for top in tops:
+        for folder in sorted(p for p in [root / top, *(root / top).rglob("*")] if p.is_dir()):
+            if "__pycache__" in folder.parts:
+                continue
+            modules = [f for f in folder.glob("*.py") if f.name != "__init__.py"]
+            if len(modules) > limit:
+                counts[folder.relative_to(root).as_posix()] = len(modules)
+    return counts
+
+
 def main(argv: list[str]) -> None:
     root = Path(argv[1]) if len(argv) > 1 else Path(__file__).resolve().parents[1]
     g = graph(root)
@@ -142,6 +179,14 @@ def main(argv: list[str]) -> None:
     print(f"  arrows that go up a floor: {len(upward)}")
     for a, b in upward[:40]:
         print(f"    {a} (floor {floor(a)}) -> {b} (floor {floor(b)})")
+    backward = capture_order_violations(g)
+    print(f"  capture arrows against CAPTURE_ORDER: {len(backward)}")
+    for a, b in backward:
+        print(f"    {a} -> {b}")
+    crowded = crowded_folders(root)
+    print(f"  folders over {MAX_MODULES_PER_FOLDER} modules: {len(crowded)}")
+    for folder, count in crowded.items():
+        print(f"    {folder}: {count}")
 
 
 if __name__ == "__main__":

@@ -1,3 +1,4 @@
 """Capture: a model in, a checked graph out. :func:`qlint.capture.pipeline.capture` runs the stages
-top to bottom (eager record, trace, expand the copied layers, check against the model, shape coverage,
-the modes the forward reads); each stage's module knows no later stage and never the pipeline."""
+top to bottom (preconditions, the eager record, then per tracer: group identical layers, trace, expand
+the copies, check against the model, shape coverage; then the modes the forward reads). A stage's
+module imports only the modules below it, never the pipeline; what they all share is :mod:`.harness`."""

@@ -35,7 +35,7 @@ from torch.utils._pytree import tree_leaves
 
 from qlint.core.graph import ENGINE_FOLDERS, TORCH_DIR
 from qlint.capture.process_state import ENVIRONMENT_VALUES, Condition, ProcessReads, environment_set, own_code
-from qlint.capture.trace import tensor_outputs
+from qlint.capture.harness import tensor_outputs
 
 _INPUT = "input"  # an input's value: the tracers see those reads themselves
 # ops whose result is a tensor's value in Python (item, float(), bool(), int(), torch.equal)

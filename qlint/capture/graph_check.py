@@ -20,8 +20,8 @@ import torch.fx as fx
 from qlint.capture import eager_record, shapes
 from qlint.capture.eager_record import missing_ops, ops_run
 from qlint.core.graph import TORCH_DIR, indeterminate
-from qlint.capture.trace import (argument_names, first_line, grad_state, has_meta, quiet, restore, snapshot,
-                              tensor_outputs, tensors)
+from qlint.capture.harness import (argument_names, first_line, grad_state, has_meta, quiet, restore, snapshot,
+                                   tensor_outputs, tensors)
 
 def shape_coverage(model: torch.nn.Module, module: fx.GraphModule, inputs: Optional[tuple],
                    tracer: str) -> Optional[shapes.ShapeCoverage]:

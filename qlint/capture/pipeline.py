@@ -1,19 +1,35 @@
-"""Capture a model's graph faithfully: one pipeline of named stages, each module entered once.
-
-For each tracer in turn (symbolic_trace, then torch.export, then make_fx; the first faithful graph
-wins) the pipeline runs:
+"""Capture a model's graph faithfully: one pipeline of named stages, called top to bottom from
+:func:`capture` in the order this file defines them. Each stage's module is entered once, on the way
+down; it imports only the modules below it (``CAPTURE_ORDER`` in ``scripts/import_graph.py``, which
+``tests/test_layering.py`` checks), never the pipeline.
 
 1. **preconditions**: the model's class runs its own ``forward``, no tensor subclass redefines the
    ops it enters, the parameters are finite (:mod:`qlint.capture.trace`);
-2. **group** identical sibling layers (:func:`qlint.capture.reuse.find_groups`, export only);
-3. **trace** (:mod:`qlint.capture.trace`), with the groups' copies recorded;
-4. **expand** the copies into the graph, or number the full graph's layers
-   (:func:`qlint.capture.reuse.expand` / :func:`~qlint.capture.reuse.renumber`);
-5. **check against the model** (:mod:`qlint.capture.graph_check`): the graph must compute what the eager
-   model computes on the example, scaled and redrawn; copies the check refutes are traced again, each;
-6. **shape coverage**: the other input shapes the graph stands for.
+2. **eager record**: one eager forward refuses a read of a held float tensor into Python, counts the
+   ops the model runs and records what it reads from the process (:mod:`qlint.capture.eager_record`,
+   :mod:`qlint.capture.process_state`).
 
-When every tracer fails, :func:`explain` says in one line which construct stopped tracing and what helps.
+Then for each tracer in turn (symbolic_trace, then torch.export, then make_fx; the first faithful
+graph wins):
+
+3. **group** identical sibling layers (:func:`qlint.capture.reuse.find_groups`, export only);
+4. **trace** (:mod:`qlint.capture.trace`), with the groups' copies recorded; custom ops whose body is
+   known are inlined (:mod:`qlint.capture.hops`);
+5. **expand** the copies into the graph, or number the full graph's layers
+   (:func:`qlint.capture.reuse.expand` / :func:`~qlint.capture.reuse.renumber`);
+6. **check against the model** (:mod:`qlint.capture.graph_check`): the graph must compute what the eager
+   model computes on the example, scaled and redrawn; copies the check refutes are traced again, each;
+7. **shape coverage** (:func:`qlint.capture.graph_check.shape_coverage`): the other input shapes the graph
+   stands for (their axes and sizes: :mod:`qlint.capture.shapes`, which step 4 reads for export's dynamic axes);
+
+and, for the graph kept:
+
+8. **modes**: the model traced again in each global mode its forward asks about and under each
+   environment value that changes it, kept where that graph differs.
+
+What every stage shares (running the model quietly, in the analysed grad mode, its state saved and put
+back) is :mod:`qlint.capture.harness`. When every tracer fails, :func:`explain` says in one line which
+construct stopped tracing and what helps.
 """
 
 from __future__ import annotations
@@ -31,9 +47,9 @@ from qlint.core.graph import ENGINE_FOLDERS, TORCH_DIR
 from qlint.capture.graph_check import GraphMismatch, compare_with_eager, eager_failure, shape_coverage
 from qlint.core.ops import declared_name
 from qlint.capture.process_state import environment_set
-from qlint.capture.trace import (ModeGraph, TraceFailure, TracedGraph, ValueSpecialised, export_module, first_line,
-                              grad_state, has_meta, is_hugging_face, make_fx_module, non_finite_parameters, quiet,
-                              redefining_tensor, restore, snapshot, symbolic_trace_module)
+from qlint.capture.harness import first_line, grad_state, has_meta, is_hugging_face, quiet, restore, snapshot
+from qlint.capture.trace import (ModeGraph, TraceFailure, TracedGraph, ValueSpecialised, export_module, make_fx_module,
+                                 non_finite_parameters, redefining_tensor, symbolic_trace_module)
 
 TRACERS = ("symbolic_trace", "export", "make_fx")
 
@@ -62,6 +78,27 @@ def capture(model: torch.nn.Module, inputs: Optional[tuple], registry: Any = Non
     and user declarations); without one every module is traced through.
     """
     registry = registry if registry is not None else _NoLeaves()
+    _preconditions(model, inputs, prefer)
+    held = _attributes(model)
+    try:
+        recorded = _recorded(model, inputs) if inputs is not None and not has_meta(model, inputs) else None
+        traced = _first_faithful(model, inputs, registry, prefer, reuse, shapes_too, recorded)
+        if recorded is not None:
+            traced.conditions = recorded.conditions
+            traced.in_modes += _in_modes(traced.tracer, model, traced.module, inputs, registry, reuse,
+                                         traced.graph_check, _environment_modes(recorded.environment_changing))
+        return traced
+    finally:
+        _restore_attributes(model, held)
+
+
+# --- 1. preconditions ------------------------------------------------------------------------------
+
+
+def _preconditions(model: torch.nn.Module, inputs: Optional[tuple], prefer: Optional[str]) -> None:
+    """What no tracer may be given (raises TraceFailure): a model whose ``__call__`` or instance
+    ``forward`` is not the class's forward, a tracer that does not exist or needs inputs it does not
+    have, a tensor subclass that redefines the ops it enters, parameters holding inf or nan."""
     # GraphModule's is torch's
     own_call = not (getattr(type(model).__call__, "__module__", "") or "").startswith("torch")
     if own_call or "forward" in model.__dict__:
@@ -84,17 +121,9 @@ def capture(model: torch.nn.Module, inputs: Optional[tuple], registry: Any = Non
         raise TraceFailure(f"the parameter `{broken[0]}` holds inf or nan{more}, so the graph cannot be checked "
                            "against the model's outputs; analyse the model with finite weights (a fresh init, or "
                            "--device meta)")
-    held = _attributes(model)
-    try:
-        recorded = _recorded(model, inputs) if inputs is not None and not has_meta(model, inputs) else None
-        traced = _first_faithful(model, inputs, registry, prefer, reuse, shapes_too, recorded)
-        if recorded is not None:
-            traced.conditions = recorded.conditions
-            traced.in_modes += _in_modes(traced.tracer, model, traced.module, inputs, registry, reuse,
-                                         traced.graph_check, _environment_modes(recorded.environment_changing))
-        return traced
-    finally:
-        _restore_attributes(model, held)
+
+
+# --- 2. the eager record: one forward, what it reads and runs --------------------------------------
 
 
 def _recorded(model: torch.nn.Module, inputs: tuple) -> eager_record.EagerRecord:
@@ -126,38 +155,7 @@ def _recorded(model: torch.nn.Module, inputs: tuple) -> eager_record.EagerRecord
     return recorded
 
 
-def _attributes(model: torch.nn.Module) -> dict[str, tuple[dict[str, Any], dict[str, Any]]]:
-    """Each module's own attributes (its ``__dict__``, shallow) and the contents of the dicts and lists
-    among them: what a forward may assign (``self.stats["tokens"] += n`` writes a Proxy there)."""
-    held = {}
-    for path, module in model.named_modules():
-        own = dict(vars(module))
-        held[path] = (own, {key: (dict(value) if isinstance(value, dict) else list(value))
-                            for key, value in own.items() if type(value) in (dict, list)})
-    return held
-
-
-def _restore_attributes(model: torch.nn.Module, held: dict[str, tuple[dict[str, Any], dict[str, Any]]]) -> None:
-    """Tracing leaves nothing in the user's module: an attribute the forward assigned while being
-    traced (symbolic_trace would leave an fx Proxy there, export a fake tensor) or checked (a counter)
-    is put back, one it added is removed, and a dict or list it wrote into holds what it held."""
-    for path, module in model.named_modules():
-        if path not in held:
-            continue
-        before, contents = held[path]
-        own = vars(module)
-        for key in [k for k in own if k not in before]:
-            del own[key]
-        for key, value in before.items():
-            if own.get(key) is not value:
-                own[key] = value
-        for key, saved in contents.items():
-            container = before[key]
-            if isinstance(container, dict):
-                container.clear()
-                container.update(saved)
-            else:
-                container[:] = saved
+# --- 3-7. each tracer in turn: group, trace, expand, check, shape coverage -------------------------
 
 
 def _first_faithful(model: torch.nn.Module, inputs: Optional[tuple], registry: Any, prefer: Optional[str],
@@ -197,6 +195,69 @@ def _first_faithful(model: torch.nn.Module, inputs: Optional[tuple], registry: A
     if prefer:
         message += f"; {prefer} was asked for (--tracer / tracer = ...), so no other tracer was tried"
     raise TraceFailure(message) from (_explained(errors)[1] if errors else None)
+
+
+def _traced_and_checked(tracer: str, model: torch.nn.Module, inputs: Optional[tuple], registry: Any, *,
+                        reuse: bool, other_modes: bool = True, grad: Optional[bool] = None,
+                        eager: Optional[eager_record.EagerRecord] = None) -> tuple[fx.GraphModule, str]:
+    """Stages 2-5 for one tracer: the graph and what its check against the eager model found (under
+    every global mode too, unless ``other_modes`` is off: a graph traced in one stands for it only;
+    ``grad``: compared in that grad mode, when not the analysed one; ``eager``: the recorded eager forward,
+    whose ops the graph must run too)."""
+    module = _traced(tracer, model, inputs, registry, reuse)
+    check = dict(shape_only=tracer == "symbolic_trace", other_modes=other_modes, grad=grad, eager=eager)
+    try:
+        return module, compare_with_eager(model, module, inputs, **check)
+    except GraphMismatch:
+        if tracer != "export" or not module.meta.get("qlint_replayed"):
+            raise
+    module = exported(model, inputs, reuse=False)  # the copied layers are not the model's: trace each
+    module.meta["qlint_reuse_abandoned"] = "the graph check refuted the copied layers"
+    return module, compare_with_eager(model, module, inputs, **check)
+
+
+def _traced(tracer: str, model: torch.nn.Module, inputs: Optional[tuple], registry: Any, reuse: bool) -> fx.GraphModule:
+    """Stages 2-4 for one tracer: the graph, not yet checked; the module's attributes as they were (a
+    Proxy a traced forward left in one would enter the next trace)."""
+    held = _attributes(model)
+    try:
+        if tracer == "symbolic_trace":
+            module = symbolic_trace_module(model, registry, inputs)
+        elif tracer == "make_fx":
+            module = make_fx_module(model, inputs)  # type: ignore[arg-type]
+        else:
+            module = exported(model, inputs, reuse=reuse)  # type: ignore[arg-type]
+    finally:
+        _restore_attributes(model, held)
+    # custom ops whose body is known and that no rule bounds
+    knows = getattr(registry, "knows", None)
+    module.meta["qlint_inlined_ops"] = hops.inline_custom_ops(
+        module, inputs, (lambda target: knows("call_function", target)) if knows else (lambda target: False))
+    return module
+
+
+def exported(model: torch.nn.Module, inputs: tuple, *, reuse: bool = True) -> fx.GraphModule:
+    """Stages 2-4 under torch.export: group identical layers, export with the groups' copies
+    recorded, expand the copies; when there are no groups or the copies are abandoned (a poison read,
+    an open region, an export error), export in full and number the layers."""
+    groups = layer_reuse.find_groups(model) if reuse else []
+    abandoned = ""
+    if groups:
+        try:
+            with layer_reuse.recording(model, groups) as plan:
+                module = export_module(model, inputs, fatal=layer_reuse.abandoned)
+            layer_reuse.expand(module, model, plan)
+            module.meta["qlint_replayed"] = [name for group in plan.groups for name in group.replayed]
+            return module
+        except Exception as exc:  # noqa: BLE001  (a poison read, an open region, an export error: trace in full)
+            abandoned = first_line(exc)
+    module = export_module(model, inputs)
+    layer_reuse.renumber(module)
+    module.meta["qlint_reuse_abandoned"] = abandoned
+    return module
+
+
+# --- 8. the modes the forward reads, each traced again ---------------------------------------------
 
 
 def _in_modes(tracer: str, model: torch.nn.Module, module: fx.GraphModule, inputs: Optional[tuple], registry: Any,
@@ -259,64 +320,44 @@ def _fingerprint(module: fx.GraphModule) -> list[tuple[str, ...]]:
             if n.op not in ("placeholder", "output")]
 
 
-def _traced(tracer: str, model: torch.nn.Module, inputs: Optional[tuple], registry: Any, reuse: bool) -> fx.GraphModule:
-    """Stages 2-4 for one tracer: the graph, not yet checked; the module's attributes as they were (a
-    Proxy a traced forward left in one would enter the next trace)."""
-    held = _attributes(model)
-    try:
-        if tracer == "symbolic_trace":
-            module = symbolic_trace_module(model, registry, inputs)
-        elif tracer == "make_fx":
-            module = make_fx_module(model, inputs)  # type: ignore[arg-type]
-        else:
-            module = exported(model, inputs, reuse=reuse)  # type: ignore[arg-type]
-    finally:
-        _restore_attributes(model, held)
-    # custom ops whose body is known and that no rule bounds
-    knows = getattr(registry, "knows", None)
-    module.meta["qlint_inlined_ops"] = hops.inline_custom_ops(
-        module, inputs, (lambda target: knows("call_function", target)) if knows else (lambda target: False))
-    return module
+# --- what a traced or checked forward assigns, put back --------------------------------------------
 
 
-def _traced_and_checked(tracer: str, model: torch.nn.Module, inputs: Optional[tuple], registry: Any, *,
-                        reuse: bool, other_modes: bool = True, grad: Optional[bool] = None,
-                        eager: Optional[eager_record.EagerRecord] = None) -> tuple[fx.GraphModule, str]:
-    """Stages 2-5 for one tracer: the graph and what its check against the eager model found (under
-    every global mode too, unless ``other_modes`` is off: a graph traced in one stands for it only;
-    ``grad``: compared in that grad mode, when not the analysed one; ``eager``: the recorded eager forward,
-    whose ops the graph must run too)."""
-    module = _traced(tracer, model, inputs, registry, reuse)
-    check = dict(shape_only=tracer == "symbolic_trace", other_modes=other_modes, grad=grad, eager=eager)
-    try:
-        return module, compare_with_eager(model, module, inputs, **check)
-    except GraphMismatch:
-        if tracer != "export" or not module.meta.get("qlint_replayed"):
-            raise
-    module = exported(model, inputs, reuse=False)  # the copied layers are not the model's: trace each
-    module.meta["qlint_reuse_abandoned"] = "the graph check refuted the copied layers"
-    return module, compare_with_eager(model, module, inputs, **check)
+def _attributes(model: torch.nn.Module) -> dict[str, tuple[dict[str, Any], dict[str, Any]]]:
+    """Each module's own attributes (its ``__dict__``, shallow) and the contents of the dicts and lists
+    among them: what a forward may assign (``self.stats["tokens"] += n`` writes a Proxy there)."""
+    held = {}
+    for path, module in model.named_modules():
+        own = dict(vars(module))
+        held[path] = (own, {key: (dict(value) if isinstance(value, dict) else list(value))
+                            for key, value in own.items() if type(value) in (dict, list)})
+    return held
 
 
-def exported(model: torch.nn.Module, inputs: tuple, *, reuse: bool = True) -> fx.GraphModule:
-    """Stages 2-4 under torch.export: group identical layers, export with the groups' copies
-    recorded, expand the copies; when there are no groups or the copies are abandoned (a poison read,
-    an open region, an export error), export in full and number the layers."""
-    groups = layer_reuse.find_groups(model) if reuse else []
-    abandoned = ""
-    if groups:
-        try:
-            with layer_reuse.recording(model, groups) as plan:
-                module = export_module(model, inputs, fatal=layer_reuse.abandoned)
-            layer_reuse.expand(module, model, plan)
-            module.meta["qlint_replayed"] = [name for group in plan.groups for name in group.replayed]
-            return module
-        except Exception as exc:  # noqa: BLE001  (a poison read, an open region, an export error: trace in full)
-            abandoned = first_line(exc)
-    module = export_module(model, inputs)
-    layer_reuse.renumber(module)
-    module.meta["qlint_reuse_abandoned"] = abandoned
-    return module
+def _restore_attributes(model: torch.nn.Module, held: dict[str, tuple[dict[str, Any], dict[str, Any]]]) -> None:
+    """Tracing leaves nothing in the user's module: an attribute the forward assigned while being
+    traced (symbolic_trace would leave an fx Proxy there, export a fake tensor) or checked (a counter)
+    is put back, one it added is removed, and a dict or list it wrote into holds what it held."""
+    for path, module in model.named_modules():
+        if path not in held:
+            continue
+        before, contents = held[path]
+        own = vars(module)
+        for key in [k for k in own if k not in before]:
+            del own[key]
+        for key, value in before.items():
+            if own.get(key) is not value:
+                own[key] = value
+        for key, saved in contents.items():
+            container = before[key]
+            if isinstance(container, dict):
+                container.clear()
+                container.update(saved)
+            else:
+                container[:] = saved
+
+
+# --- when every tracer fails: one line that says why -----------------------------------------------
 
 
 def shapes_of(inputs: tuple) -> str:

@@ -22,12 +22,9 @@ from __future__ import annotations
 
 import contextlib
 import inspect
-import io
-import logging
 import operator
 import re
 import sys
-import warnings
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterator, Optional
 
@@ -37,6 +34,7 @@ import torch.fx as fx
 from qlint.core.errors import QlintError
 
 from qlint.capture import hops, shapes
+from qlint.capture.harness import argument_names, has_meta, model_state, restore, snapshot, tensor_outputs, tensors
 from qlint.core.graph import TORCH_DIR
 
 class TraceFailure(QlintError):
@@ -344,47 +342,6 @@ def symbolic_trace_module(model: torch.nn.Module, registry: Any, inputs: Optiona
 # --- export and make_fx -------------------------------------------------------------------------
 
 
-def tensors(value: Any) -> list[torch.Tensor]:
-    """The tensors of a model output, in order; anything else (a KV cache object) is dropped."""
-    if isinstance(value, torch.Tensor):
-        return [value]
-    if isinstance(value, dict):  # Hugging Face ModelOutput is an OrderedDict
-        value = list(value.values())
-    if isinstance(value, (list, tuple)):
-        return [tensor for item in value for tensor in tensors(item)]
-    return []
-
-
-def is_hugging_face(model: torch.nn.Module) -> bool:
-    """A transformers PreTrainedModel (checked by name: transformers is not imported)."""
-    return any(c.__name__ == "PreTrainedModel" and c.__module__.startswith("transformers.")
-               for c in type(model).__mro__)
-
-
-@contextlib.contextmanager
-def tensor_outputs(model: torch.nn.Module) -> Iterator[None]:
-    """Make ``model`` return a flat tuple of tensors while it is traced.
-
-    torch.export and make_fx reject outputs that are not pytrees, such as the
-    ``DynamicCache`` Hugging Face models return; the analysis only needs the graph, so
-    non-tensor outputs are dropped. A forward hook registered last does it: the model's
-    own forward and hooks (a root hook included) see its real output first, and every
-    node's module path stays relative to the model itself. A Hugging Face model does
-    not build that cache at all (``use_cache=False``): it is an output only.
-    """
-    handle = model.register_forward_hook(lambda module, args, output: tuple(tensors(output)))
-    config = getattr(model, "config", None) if is_hugging_face(model) else None
-    caching = getattr(config, "use_cache", False) is True
-    if caching:
-        config.use_cache = False
-    try:
-        yield
-    finally:
-        if caching:
-            config.use_cache = True
-        handle.remove()
-
-
 def export_module(model: torch.nn.Module, inputs: tuple, *,
                   fatal: Callable[[BaseException], bool] = lambda exc: False) -> fx.GraphModule:
     """The exported graph, every input axis dynamic where the model allows it (:mod:`qlint.capture.shapes`),
@@ -617,7 +574,7 @@ def _stack_line(node: fx.Node) -> str:
     return f"{path}:{line} `{code.strip()}`"
 
 
-# --- the chain ------------------------------------------------------------------------------------
+# --- preconditions: what the pipeline refuses before any tracer runs ------------------------------
 
 
 def redefining_tensor(model: torch.nn.Module, inputs: Optional[tuple]) -> Optional[str]:
@@ -648,73 +605,3 @@ def non_finite_parameters(model: torch.nn.Module) -> list[str]:
     with torch.no_grad():
         return [name for name, p in model.named_parameters()
                 if (p.is_floating_point() or p.is_complex()) and not p.is_meta and not bool(torch.isfinite(p).all())]
-
-
-def grad_state(training: bool) -> Any:
-    """The grad mode the analysed mode runs in: training computes gradients, evaluation is
-    inference. The graph is traced and checked in it, so a forward that branches on
-    ``torch.is_grad_enabled()`` or ``x.requires_grad`` is seen taking the path it takes there."""
-    return torch.enable_grad() if training else torch.no_grad()
-
-
-def has_meta(model: torch.nn.Module, inputs: tuple) -> bool:
-    """Meta inputs or parameters: shapes without values."""
-    return any(isinstance(x, torch.Tensor) and x.is_meta for x in inputs) or any(p.is_meta for p in model.parameters())
-
-
-@contextlib.contextmanager
-def quiet() -> Iterator[None]:
-    """Silence tracing chatter: torch logs warnings and prints partial graphs to stderr on
-    failure; qlint explains a failure in one line instead."""
-    previous = logging.root.manager.disable
-    logging.disable(logging.WARNING)
-    try:
-        with contextlib.redirect_stderr(io.StringIO()), warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            yield
-    finally:
-        logging.disable(previous)
-
-
-def first_line(exc: BaseException) -> str:
-    text = str(exc).strip().splitlines()
-    return f"{type(exc).__name__}: {text[0] if text else ''}".strip()
-
-
-
-def argument_names(model: torch.nn.Module, count: int) -> list[str]:
-    """The names export's guards give the positional inputs (``L['x']``): the forward's parameters."""
-    try:
-        parameters = list(inspect.signature(model.forward).parameters.values())
-    except (TypeError, ValueError):
-        return []
-    names = [p.name for p in parameters if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
-    return names[:count]
-
-
-def snapshot(model: torch.nn.Module) -> dict[str, torch.Tensor]:
-    """Copies of every parameter and buffer (a forward in train mode updates BatchNorm's)."""
-    return {name: tensor.detach().clone() for name, tensor in model_state(model).items()}
-
-
-def model_state(model: torch.nn.Module) -> dict[str, torch.Tensor]:
-    return {**dict(model.named_parameters()), **dict(model.named_buffers())}
-
-
-def restore(model: torch.nn.Module, saved: dict[str, torch.Tensor], *, buffers_only: bool = False) -> None:
-    """Put the saved values back; a tensor the forward replaced by one of another shape (a table of
-    positions regrown for a longer input) is replaced by the saved one again."""
-    state = dict(model.named_buffers()) if buffers_only else model_state(model)
-    with torch.no_grad():
-        for name, tensor in state.items():
-            if name not in saved:
-                continue  # registered by the forward itself: nothing to go back to
-            if tensor.shape == saved[name].shape:
-                tensor.copy_(saved[name])
-                continue
-            owner, _, leaf = name.rpartition(".")
-            module = model.get_submodule(owner)
-            if leaf in module._buffers:
-                module._buffers[leaf] = saved[name].clone()
-            else:
-                tensor.data = saved[name].clone()

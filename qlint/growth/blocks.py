@@ -21,104 +21,28 @@ Every value a block or a transition reads from outside (a *side input*) is eithe
 **condition** (an encoder output, a mask, an injected embedding: it does not depend on
 the stream) or an **older stream value** (a dense skip): the latter is outside the
 per-block analysis and reported, never certified.
+
+The parts (:class:`~qlint.growth.stream.StreamBlock`, ...) are defined in :mod:`qlint.growth.stream`;
+what a value holds by identity and the stretches of the stream no block covers are found on the
+value dataflow (:mod:`qlint.growth.dataflow`).
 """
 
 from __future__ import annotations
 
 from collections import Counter
-from dataclasses import dataclass, field
-from typing import Callable, Literal, Optional
+from typing import Callable, Optional
 
-import networkx as nx
 import torch.fx as fx
 
 from qlint.core.graph import GraphFacts, facts, module_path, module_stack, shape_of
 from qlint.core.ops import op_name
-from qlint.growth.relations import Normalisation, strip
-
-Form = Literal["additive", "scaled"]
-Post = Literal["", "post-norm", "post-activation"]
+from qlint.growth.dataflow import carried, identity_source, uncovered_stretches
+from qlint.growth.relations import Normalisation
+from qlint.growth.stream import Post, Stream, StreamBlock, StreamTransition, Term
 
 # Joins: the op ids (registry entries) that combine their arguments linearly, and the
 # argument that carries a term in each.
 _EXACT = {"add", "sub", "rsub", "addcmul", "addcdiv", "addmm", "write"}
-
-
-@dataclass(frozen=True)
-class Term:
-    """One term of a join: ``coefficient * node`` reached through ``path``.
-
-    ``path`` lists (node, argument name) from the join down to the argument that holds
-    the term, so the term can be replaced by 0 (the velocity of an additive block);
-    ``entry`` is the value as it enters the join (``gamma * f(x)`` for the term f(x)).
-    """
-
-    node: fx.Node
-    coefficient: Optional[float]  # a known number, None when the factor is not constant
-    path: tuple[tuple[fx.Node, str], ...]
-    entry: Optional[fx.Node] = None
-
-
-@dataclass
-class StreamBlock:
-    """One residual update found in the graph."""
-
-    join: fx.Node
-    stream: fx.Node  # X_k
-    skip: Term
-    terms: list[Term]  # the velocity terms (every term but the skip)
-    form: Form
-    region: list[fx.Node] = field(default_factory=list)  # nodes from X_k (excluded) to the join (included)
-    side: list[fx.Node] = field(default_factory=list)  # input-derived values read from outside the region
-    older: list[fx.Node] = field(default_factory=list)  # side inputs that are older stream values
-    name: str = ""
-    index: int = 0
-    post: Post = ""
-    post_node: Optional[fx.Node] = None  # the norm (or ReLU) after the join: LN(X + f(X))
-    post_region: list[fx.Node] = field(default_factory=list)  # the nodes from the join (excluded) to that norm's output
-    norm_in: Optional[fx.Node] = None  # the norm on the skip at the block's input: a LN(X) + f(LN(X)) (shifted Post-LN)
-    dataflow: bool = False  # found by dataflow outside the blocks found by form (a write, a partial update)
-    predecessors: list["StreamBlock"] = field(default_factory=list)
-
-    @property
-    def region_set(self) -> frozenset[fx.Node]:
-        return frozenset(self.region)
-
-    @property
-    def output(self) -> fx.Node:
-        """Where the block's stream map F ends: the norm after the join of a Post-LN block, else the join."""
-        return self.post_region[-1] if self.post_region else self.join
-
-
-@dataclass
-class StreamTransition:
-    """The stream ops between blocks: from the previous blocks' outputs to a block's input."""
-
-    sources: list[fx.Node]  # the joins of the preceding blocks
-    target: fx.Node  # the next block's input X_k
-    region: list[fx.Node]
-    side: list[fx.Node] = field(default_factory=list)
-    older: list[fx.Node] = field(default_factory=list)
-    name: str = ""
-    after: list[StreamBlock] = field(default_factory=list)
-    before: Optional[StreamBlock] = None
-    # "between" blocks; "stem": from the model's inputs; "head": to an output; "readout", "condition"
-    kind: str = "between"
-    # the values that leave it (the target, unless a stretch has several)
-    exits: list[fx.Node] = field(default_factory=list)
-
-    def __post_init__(self) -> None:
-        if not self.exits:
-            self.exits = [self.target]
-
-
-@dataclass
-class Stream:
-    """The residual stream: blocks in execution order and the transitions between them."""
-
-    blocks: list[StreamBlock]
-    transitions: list[StreamTransition]
-    nested: list[StreamBlock] = field(default_factory=list)
 
 
 # --- joins ---------------------------------------------------------------------------------------
@@ -274,64 +198,6 @@ def _expand(node: fx.Node, graph: GraphFacts, scale: Optional[float], path: tupl
     return [Term(node, scale, path)]
 
 
-def carried(node: fx.Node) -> fx.Node:
-    """The value a skip term carries: through copies, floating casts, identity reshapes and
-    multiplications by exactly 1 (``x[..., :] * 1.0``)."""
-    while True:
-        stripped = strip(node)
-        if stripped is not node:
-            node = stripped
-            continue
-        info = facts(node) if "qlint" in node.meta else None
-        if info is not None and info.op == "view":
-            source = _arg(node, "input")
-            if isinstance(source, fx.Node) and _same_values(node, source):
-                node = source
-                continue
-        if (info is not None and info.op in ("mul", "div") and _number(_arg(node, "other")) == 1.0
-            and isinstance(_arg(node, "input"), fx.Node)):
-            node = _arg(node, "input")
-            continue
-        return node
-
-
-def identity_source(node: fx.Node, graph: GraphFacts) -> fx.Node:
-    """The earliest value whose entries ``node`` still holds by identity, in whole or in part:
-    through copies, casts, views, slices, selections and gathers (the registry's ``carrier`` ops),
-    ``copy_``'s source, and the data a write (``x[..., :k] = ...``, ``index_put``, ``scatter``)
-    writes into. A partial residual update (``x[..., :k] + f(x)``, ``cat([x[..., :k] + f, x[..., k:]])``)
-    is found through this, whatever its spelling."""
-    while True:
-        node = carried(node)
-        info = facts(node) if "qlint" in node.meta else None
-        if info is None:
-            return node
-        name = "src" if info.op == "copy_into" else "input" if "carrier" in info.family or info.op == "write" else None
-        source = _arg(node, name) if name else None
-        if not isinstance(source, fx.Node) or source not in graph.data:
-            return node
-        node = source
-
-
-def _same_values(view: fx.Node, source: fx.Node) -> bool:
-    """A view whose output provably equals its input: same shape, and an op that keeps the
-    order of entries (reshape / view / expand / contiguous-like, or a full slice)."""
-    shape_out, shape_in = shape_of(view), shape_of(source)
-    if shape_out is None or shape_in is None or shape_out != shape_in:
-        return False
-    name = op_name(view)
-    if name in ("view", "reshape", "_unsafe_view", "expand", "expand_as", "view_as", "reshape_as", "flatten",
-                "unflatten", "squeeze", "unsqueeze", "broadcast_to", "alias", "_reshape_alias"):
-        return True
-    if name in ("slice", "narrow"):
-        return True  # a slice with the input's shape is the whole input
-    if name == "getitem":
-        index = _arg(view, "index")
-        parts = index if isinstance(index, tuple) else (index,)
-        return all(p is Ellipsis or p is None or (isinstance(p, slice) and p.step in (None, 1)) for p in parts)
-    return False
-
-
 # --- the stream ----------------------------------------------------------------------------------
 
 
@@ -388,8 +254,8 @@ def _as_block(join: fx.Node, graph: GraphFacts, dataflow: bool = False) -> Optio
 
     ``dataflow``: the updates outside every block found by form (a stem, a head, between blocks),
     where a later norm would hide them: a write or a ``where`` is a join too, and a term that carries
-    part of X_k by identity (:func:`identity_source`) is a skip; such an update is analysed in the
-    scaled form, q <= max(1, q(F))."""
+    part of X_k by identity (:func:`~qlint.growth.dataflow.identity_source`) is a skip; such an update
+    is analysed in the scaled form, q <= max(1, q(F))."""
     terms = join_terms(join, graph, selections=dataflow) if "qlint" in join.meta else None
     if not terms or len(terms) < 2:
         return None
@@ -618,7 +484,7 @@ def _chain(blocks: list[StreamBlock], graph: GraphFacts) -> list[StreamTransitio
         transition.side = graph.side_inputs(transition.region, transition.sources)
         streams = [blocks[i].stream for i in chains[position[id(transition.before)]]]
         transition.older = [u for u in transition.side if any(graph.depends_on(u, s) for s in streams)]
-    stretches = _stretches(blocks, transitions, graph)
+    stretches = uncovered_stretches(blocks, transitions, graph)
     for stretch in stretches:
         stretch.side = graph.side_inputs(stretch.region, stretch.sources)
         if stretch.before is None:
@@ -628,108 +494,6 @@ def _chain(blocks: list[StreamBlock], graph: GraphFacts) -> list[StreamTransitio
         # a long skip into the recursion (U-Net)
         stretch.older = [s for s in read if any(t is not s and graph.is_ancestor(s, t) for t in read)]
     return sorted(transitions + stretches, key=lambda t: graph.order[t.target])
-
-
-SOURCE, SINK = "model inputs", "model outputs"  # the virtual ends of the dataflow graph
-
-
-def dataflow(graph: GraphFacts) -> "nx.DiGraph":
-    """The value dataflow of the traced graph as a networkx DiGraph: data nodes (values that
-    depend on a model input), parent -> child, with SOURCE -> every input and every output -> SINK."""
-    dag = nx.DiGraph()
-    dag.add_nodes_from(n for n in graph.nodes if n in graph.data)
-    dag.add_edges_from((p, n) for n, parents in graph.parents.items() for p in parents)
-    dag.add_edges_from((SOURCE, n) for n in graph.inputs)
-    dag.add_edges_from((n, SINK) for n in graph.sinks)
-    return dag
-
-
-def stream_carrying(dag: "nx.DiGraph", streams: set[fx.Node]) -> set[fx.Node]:
-    """The nodes that reach an output and are computed from a model input the stream starts from:
-    ancestors of some block input (the stem), its descendants (everything computed from the
-    stream), and whatever else is computed from such an input (an injected condition g(x), a long
-    skip from x, a step size computed from x: a value that scales with the stream's own input)."""
-    if not streams:
-        return set()
-    mark = object()
-    dag.add_edges_from((s, mark) for s in streams)
-    upstream = nx.ancestors(dag, mark)
-    dag.remove_node(mark)
-    origins = streams | {n for n in upstream if n is not SOURCE and dag.has_edge(SOURCE, n)}
-    dag.add_edges_from((mark, s) for s in origins)
-    downstream = nx.descendants(dag, mark)
-    dag.remove_node(mark)
-    reaching = nx.ancestors(dag, SINK)
-    return ((downstream | upstream | streams) & reaching) - {SOURCE, SINK}
-
-
-def _stretches(blocks: list[StreamBlock], transitions: list[StreamTransition],
-               graph: GraphFacts) -> list[StreamTransition]:
-    """Every stretch of the stream that no block and no transition between blocks covers becomes a
-    transition of its own: the stem (from the model's inputs to the first block input, whatever
-    the widths), a head (to an output), a readout (the stream read into a condition, a value that
-    leaves a block besides its output), ops on a branch no chain of blocks passes.
-
-    Coverage is decided here without asking the block detector: the stream is every node on a path
-    from an input to an output that passes through a block input (:func:`stream_carrying`); what
-    no unit covers is split into weakly connected stretches, and each is analysed from its
-    boundary: the stream values it reads (block inputs and outputs, model inputs, values leaving a
-    block) are its sources, everything else it reads is a condition.
-    """
-    import networkx as nx
-
-    if not blocks:
-        return []
-    dag = dataflow(graph)
-    streams = {b.stream for b in blocks}
-    carrying = stream_carrying(dag, streams)
-    covered = set(graph.inputs)  # a block's input is computed by the unit before it, or by a stretch here
-    for block in blocks:
-        covered.update(block.region)
-    for transition in transitions:
-        covered.update(transition.region)
-        covered.update(transition.sources)
-    loose = carrying - covered
-    downstream = {n for n in carrying if any(graph.depends_on(n, s) for s in streams)}
-    by_stream = {b.stream: b for b in blocks}
-    by_member: dict[fx.Node, StreamBlock] = {}
-    for block in blocks:
-        for node in block.region:
-            by_member.setdefault(node, block)
-    sinks = set(graph.sinks)
-    out: list[StreamTransition] = []
-    # what leads into a block input (a stem) and what only reads the stream (a head) are analysed
-    # apart, though they may share values (RevIN's statistics normalise the input and rescale the output)
-    leading_in = {n for n in loose if any(graph.is_ancestor(n, s) for s in streams)}
-    components = [c for part in (leading_in, loose - leading_in)
-                  for c in nx.weakly_connected_components(dag.subgraph(part))]
-    for component in components:
-        region = sorted(component, key=graph.order.__getitem__)
-        parents = sorted({p for n in region for p in graph.parents.get(n, ()) if p not in component},
-                         key=graph.order.__getitem__)
-        sources = [p for p in parents if p in carrying or p in graph.inputs]
-        exits = [n for n in region if n in sinks
-                 or any(c not in component and graph.reaches_output(c) for c in graph.children.get(n, ()))]
-        if not sources or not exits:
-            continue
-        before = next((by_stream[c] for n in exits for c in [n, *graph.children.get(n, ())] if c in by_stream), None)
-        after = list({id(by_member[p]): by_member[p] for p in sources if p in by_member}.values())
-        computed_from_inputs = not any(p in downstream for p in sources)
-        kind = ("stem" if before is not None else "condition") if computed_from_inputs else \
-            "head" if any(n in sinks for n in exits) else "between" if before is not None else "readout"
-        target = before.stream if before is not None and before.stream in component else exits[-1]
-        out.append(StreamTransition(sources=sources, target=target, region=region, after=after, before=before,
-                                    kind=kind, exits=exits))
-    return out
-
-
-def escapes(region: list[fx.Node], outputs: set[fx.Node], graph: GraphFacts) -> list[fx.Node]:
-    """Values computed inside a unit that leave it other than through its outputs: read by
-    another unit or returned by the model (a coupling's first half, a key cached for later)."""
-    inside = set(region)
-    sinks = set(graph.sinks)
-    return [n for n in region if n not in outputs and (n in sinks or any(
-        c not in inside and graph.reaches_output(c) for c in graph.children.get(n, ())))]
 
 
 def _post(block: StreamBlock, graph: GraphFacts,
@@ -985,4 +749,4 @@ def _transition_name(transition: StreamTransition) -> str:
     return f"{after} -> {before}" + (f" ({where})" if where else "")
 
 
-__all__ = ["StreamBlock", "Stream", "Term", "StreamTransition", "carried", "find_stream", "join_terms"]
+__all__ = ["find_stream", "join_terms"]

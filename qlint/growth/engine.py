@@ -19,7 +19,9 @@ import torch.fx as fx
 
 from qlint.core import algebra
 from qlint.growth import canonical, relations
-from qlint.growth.blocks import Stream, StreamBlock, StreamTransition, dataflow, escapes, find_stream, stream_carrying
+from qlint.growth.blocks import find_stream
+from qlint.growth.dataflow import dataflow, escapes, stream_carrying
+from qlint.growth.stream import Stream, StreamBlock, StreamTransition
 from qlint.core.domain import CONSTANT, Growth, point
 from qlint.core.graph import GraphFacts, annotate, facts, user_frames
 from qlint.growth.propagate import GrowthProp, apply, joint, leading

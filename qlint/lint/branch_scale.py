@@ -40,7 +40,7 @@ from typing import Callable, Optional
 import torch
 import torch.fx as fx
 
-from qlint.growth.blocks import Term
+from qlint.growth.stream import Term
 from qlint.growth.engine import Analysis
 from qlint.core.graph import module_path
 from qlint.lint.graph_queries import (argument, constant_value, family, is_normalizer, once_per_graph, op, stacks,

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from typing import Iterable, Optional
 
 from qlint.core.algebra import format_q
-from qlint.growth.blocks import StreamBlock
+from qlint.growth.stream import StreamBlock
 from qlint.growth.engine import Analysis, source_of
 from qlint.core.graph import module_path
 from qlint.growth.propagate import leading

@@ -38,7 +38,7 @@ from typing import Any, Callable, Optional, Sequence
 import torch
 
 from qlint.analysis import Options, run
-from qlint.growth.blocks import StreamBlock
+from qlint.growth.stream import StreamBlock
 from qlint.core.errors import QlintError
 from qlint.capture.graph_check import shares_parameters
 from qlint.capture.trace import TraceFailure

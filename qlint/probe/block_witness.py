@@ -42,7 +42,7 @@ import torch
 
 from qlint.growth.engine import Analysis
 from qlint.core.graph import facts
-from qlint.capture.trace import tensor_outputs
+from qlint.capture.harness import tensor_outputs
 from qlint.probe.measure import Trajectory, VelocityField, widen
 from qlint.probe.spectral import log_norm
 from qlint.probe.witness import AS_BUILT, directions, redraw

@@ -28,12 +28,13 @@ import torch
 import torch.fx as fx
 
 from qlint.analysis import Options, run
-from qlint.growth.blocks import StreamBlock
+from qlint.growth.stream import StreamBlock
 from qlint.growth.engine import Analysis
 from qlint.core.errors import QlintError
 from qlint.core.graph import run_cone
 from qlint.core.results import ModelReport, Report
-from qlint.capture.trace import non_finite_parameters, tensor_outputs
+from qlint.capture.harness import tensor_outputs
+from qlint.capture.trace import non_finite_parameters
 from qlint.probe import bounds as probe_bounds
 from qlint.core import curves as growth_curves
 from qlint.probe import init as probe_init

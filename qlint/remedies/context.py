@@ -13,7 +13,7 @@ from torch import nn
 
 from qlint.core import algebra
 from qlint.core.algebra import Exponent
-from qlint.growth.blocks import StreamBlock
+from qlint.growth.stream import StreamBlock
 from qlint.growth.engine import Analysis, dominant_parent
 from qlint.core.graph import facts, module_path
 from qlint.core.ops import op_name

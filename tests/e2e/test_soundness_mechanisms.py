@@ -26,7 +26,8 @@ from torch import nn
 
 from conftest import ROOT, load_module
 from qlint.analysis import Options, run
-from qlint.growth.blocks import Stream, dataflow, stream_carrying
+from qlint.growth.dataflow import dataflow, stream_carrying
+from qlint.growth.stream import Stream
 from qlint.core.domain import Growth
 from qlint.growth.engine import coverage_gaps
 from qlint.core.ops import Call

@@ -348,7 +348,7 @@ def test_every_transfer_lives_in_the_module_of_its_primitive_file():
 
 HAND_ROWS: dict[str, Any] = {
     "gumbel_softmax": "fixtures/adversarial/sign_facts.py:gumbel_tau_zero",
-    "grouped_mm": "tests/core/test_hops.py::test_an_expert_weight_computed_from_the_input_is_bilinear",
+    "grouped_mm": "tests/capture/test_hops.py::test_an_expert_weight_computed_from_the_input_is_bilinear",
     "normalize": "tests/registry/test_primitives.py::test_exponent",
     "mha_module": "fixtures/adversarial/transfers.py:mha_value_square",
     "lp_pool": "fixtures/adversarial/transfers.py:lp_pool_even_power",
@@ -363,11 +363,11 @@ HAND_ROWS: dict[str, Any] = {
     "relative_position_bias": "tests/registry/test_real_code_gaps.py::test_relative_position_bias_selects_table_entries",
     "poles": "tests/test_coverage.py::test_tan_stays_unknown",
     "nan_domains": "fixtures/adversarial/r2_relations.py:elevation_asin",
-    "superlinear_special": ("tests/core/test_capture.py::test_an_undeclared_op_inside_an_inlined_module_stays_unknown",
+    "superlinear_special": ("tests/capture/test_capture.py::test_an_undeclared_op_inside_an_inlined_module_stays_unknown",
                             "Bessel"),
     "linear_algebra": "fixtures/adversarial/r1_linalg.py:det_gate",
     "grouped_mm_kernel":
-        "tests/core/test_hops.py::test_torchs_grouped_mm_kernel_leaves_rows_unwritten_and_is_not_bounded",
+        "tests/capture/test_hops.py::test_torchs_grouped_mm_kernel_leaves_rows_unwritten_and_is_not_bounded",
     "roi_pooling": "tests/registry/test_real_code_gaps.py::test_roi_align_is_deliberately_unknown_with_a_reason",
     "mha_functional":
         "tests/registry/test_real_code_gaps.py::test_functional_multi_head_attention_has_the_exponent_of_its_value",

@@ -7,7 +7,7 @@ import math
 
 import pytest
 import torch
-from core_graphs import D, Forward, Residual, example
+from growth_graphs import D, Forward, Residual, example
 from torch import nn
 
 from qlint.capture.pipeline import capture

@@ -1,5 +1,5 @@
 """Tiny models traced and annotated the way :func:`qlint.growth.engine.analyse` prepares a graph, so the
-core passes (relations, propagation, blocks) can be tested one at a time on graphs small enough to
+growth passes (relations, propagation, blocks) can be tested one at a time on graphs small enough to
 read whole."""
 
 from __future__ import annotations

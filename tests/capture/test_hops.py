@@ -201,7 +201,7 @@ def test_cond_takes_the_larger_exponent_of_its_branches(powers, q, tracer):
     [finding] = [f for f in analysis.report.findings if f.code == "QL101"] or [None]
     assert (finding is None) == (q <= 1)
     if finding is not None:
-        assert "tests/core/test_hops.py" in finding.message  # the branch's own line, not generated code
+        assert "tests/capture/test_hops.py" in finding.message  # the branch's own line, not generated code
 
 
 def test_a_loop_hop_stays_unknown():

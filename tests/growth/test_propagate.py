@@ -9,7 +9,7 @@ import math
 import pytest
 import torch
 import torch.nn.functional as F
-from core_graphs import D, Forward, named, prepare
+from growth_graphs import D, Forward, named, prepare
 from torch import nn
 
 from qlint.growth.propagate import GrowthProp, leading

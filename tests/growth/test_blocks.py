@@ -5,10 +5,11 @@ from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
-from core_graphs import D, Residual, Stack, named, prepare
+from growth_graphs import D, Residual, Stack, named, prepare
 from torch import nn
 
-from qlint.growth.blocks import Stream, find_stream
+from qlint.growth.blocks import find_stream
+from qlint.growth.stream import Stream
 
 
 def stream_of(model: nn.Module) -> Stream:

@@ -7,7 +7,7 @@ import math
 
 import pytest
 import torch
-from core_graphs import D, Forward, named, output_value, prepare
+from growth_graphs import D, Forward, named, output_value, prepare
 from torch import nn
 
 from qlint.core.graph import facts
