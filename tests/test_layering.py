@@ -1,7 +1,9 @@
 """The house has floors: imports only go down, never in a circle, and the top floors stay light.
 
 The floors are those of docs/architecture.md (``scripts/import_graph.py`` holds them):
-core <- registry <- lint <- analysis <- ci / probe / remedies <- api <- verify <- cli.
+core <- capture <- growth <- registry <- lint <- analysis <- ci / probe / remedies <- api / fixes / monitor
+<- verify <- cli. Inside capture the modules import one way (``CAPTURE_ORDER``: the stages in the order
+the pipeline runs them); no folder holds more than 12 modules and no module of the package more than 800 lines.
 """
 
 from __future__ import annotations
@@ -28,6 +30,31 @@ def test_no_import_cycles_and_no_upward_arrows():
     assert g.number_of_edges() > 100  # the scan sees the package (a broken scan would pass vacuously)
     assert tool.cycles(g) == []
     assert tool.violations(g) == []
+
+
+def test_the_capture_stages_import_one_way():
+    """qlint/capture/'s modules import only the ones below them in CAPTURE_ORDER (the pipeline last, the
+    stages in the order it runs them); a new capture module must be given its place there."""
+    tool = _import_graph()
+    assert tool.capture_order_violations(tool.graph(ROOT)) == []
+    assert {p.stem for p in (ROOT / "qlint" / "capture").glob("*.py") if p.name != "__init__.py"} == set(tool.CAPTURE_ORDER)
+
+
+def test_no_folder_holds_more_than_12_modules():
+    """A floor of twenty files says nothing about what is in it: every folder of qlint/ and of tests/ holds
+    at most 12 Python modules, not counting __init__.py (fixtures/ is data: case files keyed by path)."""
+    tool = _import_graph()
+    assert tool.MAX_MODULES_PER_FOLDER == 12
+    crowded = tool.crowded_folders(ROOT)
+    assert crowded == {}, f"split these folders by what their modules do: {crowded}"
+
+
+def test_no_module_of_the_package_is_over_800_lines():
+    """A module too long to hold in one's head is two modules; qlint/ keeps each to 800 lines."""
+    limit = 800
+    long = {str(path.relative_to(ROOT)): n for path in sorted((ROOT / "qlint").rglob("*.py")) if "__pycache__" not in path.parts
+            for n in [len(path.read_text(encoding="utf-8").splitlines())] if n > limit}
+    assert long == {}, f"modules over {limit} lines: {long}"
 
 
 def test_every_module_has_a_floor():

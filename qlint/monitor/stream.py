@@ -15,7 +15,7 @@ leave the training dtype (:func:`overflow_depth`). Neither says when a run will 
 and a q <= 1 model whose per-block gain is large (Remark 6's exponential regime) can
 diverge in its loss without either firing; results/README.md has the measurements.
 
-Each block's velocity is the probe's (:class:`qlint.probe.measure.VelocityField`): the
+Each block's velocity is the probe's (:class:`qlint.probe.velocity.VelocityField`): the
 block's region of the traced graph re-run with X_k := sX_k, everything else as recorded.
 The graph shares the model's parameters, so the figures are those of the weights as
 they are now. Nothing is attached to the model: measuring runs the traced graph.
@@ -43,7 +43,7 @@ from qlint.core.errors import QlintError
 from qlint.capture.graph_check import shares_parameters
 from qlint.capture.trace import TraceFailure
 from qlint.probe import bounds as probe_bounds
-from qlint.probe.measure import Trajectory, VelocityField
+from qlint.probe.velocity import Trajectory, VelocityField
 
 __all__ = ["DEFAULT_SCALES", "ESCAPE_MARGIN", "MonitorError", "RUNAWAY_EXPONENT", "StreamMonitor", "escape_scale",
            "first_warning", "monitor", "overflow_depth", "top_exponent", "warning_for"]

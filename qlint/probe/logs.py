@@ -34,7 +34,8 @@ from qlint.lint.graph_queries import argument, is_normalizer, normalised_input, 
 from qlint.lint.looped import carry_value, find_loops
 from qlint.lint.rule import rule
 from qlint.probe.init import StackLayer, rms
-from qlint.probe.measure import ModelProbe, Trajectory, significant
+from qlint.probe.measure import ModelProbe, significant
+from qlint.probe.velocity import Trajectory
 
 CODES = ("QL401", "QL402", "QL403", "QL404", "QL405")
 

@@ -16,13 +16,12 @@ from qlint.cli import main
 from qlint.loader import load
 from qlint.probe.measure import (
     ProbeSettings,
-    Trajectory,
-    VelocityField,
     measure_block,
     measure_model,
     probe_model,
     trace_float64,
 )
+from qlint.probe.velocity import Trajectory, VelocityField
 from qlint.probe.spectral import log_norm, operator_norm, stable_norm
 from qlint.probe.bounds import BlockConstants, backward_bound, forward_bound, largest_finite, overflow_depth, step
 from qlint.probe.init import nonlinearity_gain
