@@ -393,9 +393,9 @@ def test_copies_that_the_graph_check_refutes_are_traced_again_layer_by_layer(mon
             raise graph_check.GraphMismatch("a copied layer differs")
         return "matches"
 
-    monkeypatch.setattr(capture, "compare_with_eager", refute_copies)
+    monkeypatch.setattr(pipeline, "compare_with_eager", refute_copies)
     torch.manual_seed(0)
-    traced = capture.capture(Stack([Residual() for _ in range(3)]).eval(), (torch.randn(2, 8),), prefer="export")
+    traced = pipeline.capture(Stack([Residual() for _ in range(3)]).eval(), (torch.randn(2, 8),), prefer="export")
     assert traced.tracer == "export" and traced.replayed == [] and checked == [["layers.1", "layers.2"], []]
     assert traced.reuse_abandoned == "the graph check refuted the copied layers"
 

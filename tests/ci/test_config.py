@@ -356,7 +356,7 @@ def test_choices_agree_with_the_core():
     from qlint.ci import config
     from qlint.capture import pipeline
 
-    assert config.TRACERS == capture.TRACERS
+    assert config.TRACERS == pipeline.TRACERS
     assert tuple(config.DTYPES) == tuple(loader.DTYPES)
 
 
