@@ -33,7 +33,7 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 
-from qlint.core.graph import ENGINE_FOLDERS, TORCH_DIR
+from qlint.core.graph import ENGINE_FOLDERS, TORCH_DIR, storage_key
 from qlint.capture.process_state import ENVIRONMENT_VALUES, Condition, ProcessReads, environment_set, own_code
 from qlint.capture.harness import tensor_outputs
 
@@ -350,7 +350,7 @@ def _caller(depth: int) -> Any:
 
 def _storage(tensor: torch.Tensor) -> int:
     try:
-        return tensor.untyped_storage().data_ptr()
+        return storage_key(tensor)
     except (RuntimeError, NotImplementedError):  # a tensor without storage (sparse, nested)
         return -id(tensor)
 

@@ -19,7 +19,7 @@ import torch.fx as fx
 
 from qlint.capture import eager_record, shapes
 from qlint.capture.eager_record import missing_ops, ops_run
-from qlint.core.graph import TORCH_DIR, indeterminate
+from qlint.core.graph import TORCH_DIR, indeterminate, storage_key, strided
 from qlint.capture.harness import (argument_names, first_line, grad_state, has_meta, quiet, restore, snapshot,
                                    tensor_outputs, tensors)
 
@@ -145,7 +145,7 @@ def compare_with_eager(model: torch.nn.Module, module: fx.GraphModule, inputs: O
             plain = python_state(model)  # after one call: a value set once (a flag, a lazy cache) is no state
             # buffers the forward writes (BatchNorm's statistics in training)
             module.meta["qlint_written_buffers"] = frozenset(
-                b.untyped_storage().data_ptr() for name, b in model.named_buffers()
+                storage_key(b) for name, b in model.named_buffers()
                 if b.numel() and not _same_tensor(b, saved[name]))
             _require_same(graph_out, first, "on the example inputs")
             _require_stateless(model, inputs, first, plain, module.meta["qlint_written_buffers"])
@@ -214,7 +214,7 @@ def _require_stateless(model: torch.nn.Module, inputs: tuple, first: Any, before
                                 "calls, which one traced call cannot stand for")
     for name, buffer in model.named_buffers():
         if (not (buffer.is_floating_point() or buffer.is_complex()) and not name.endswith("num_batches_tracked")
-                and buffer.numel() and buffer.untyped_storage().data_ptr() in written):
+                and buffer.numel() and storage_key(buffer) in written):
             raise GraphMismatch(f"the forward writes the integer buffer `{name}`: a count kept across calls, which "
                                 "one traced call cannot stand for")
 
@@ -568,8 +568,8 @@ def _close_to_rounding(a: torch.Tensor, b: torch.Tensor) -> bool:
 def shares_parameters(module: fx.GraphModule, model: torch.nn.Module) -> bool:
     """Whether every parameter of the graph is a parameter of the model (same storage), so that
     redrawing the model's redraws the graph's (symbolic_trace, export and make_fx all share)."""
-    owned = {p.untyped_storage().data_ptr() for p in model.parameters()}
-    return all(p.untyped_storage().data_ptr() in owned for p in module.parameters())
+    owned = {storage_key(p) for p in model.parameters()}
+    return all(storage_key(p) in owned for p in module.parameters())
 
 
 def _redraws(model: torch.nn.Module, saved: dict[str, torch.Tensor]) -> Iterator[str]:
@@ -590,12 +590,16 @@ def _redraws(model: torch.nn.Module, saved: dict[str, torch.Tensor]) -> Iterator
 
 
 def _same_tensor(a: torch.Tensor, b: torch.Tensor) -> bool:
+    if a.layout != b.layout:
+        return False
+    a, b = strided(a), strided(b)
     return (a.shape == b.shape and a.dtype == b.dtype
             and bool(torch.equal(a, b)
                      or (a.is_floating_point() and torch.allclose(a, b, equal_nan=True, rtol=0, atol=0))))
 
 
 def _close(a: torch.Tensor, b: torch.Tensor) -> bool:
+    a, b = strided(a), strided(b)
     if a.dtype != b.dtype and not (a.is_floating_point() and b.is_floating_point()):
         return False
     if a.is_floating_point() or a.is_complex():

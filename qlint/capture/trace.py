@@ -35,7 +35,7 @@ from qlint.core.errors import QlintError
 
 from qlint.capture import hops, shapes
 from qlint.capture.harness import argument_names, has_meta, model_state, restore, snapshot, tensor_outputs, tensors
-from qlint.core.graph import TORCH_DIR
+from qlint.core.graph import TORCH_DIR, storage_key
 
 class TraceFailure(QlintError):
     """No tracer gave a faithful graph; the message is one actionable line."""
@@ -224,22 +224,26 @@ def _state_as_constant(module: fx.GraphModule, model: torch.nn.Module) -> Option
     of a buffer, ``m._parameters["p"]``), by shared storage: the graph would keep today's value."""
     if any(p.is_meta for p in model.parameters()):
         return None
-    owners = {t.untyped_storage().data_ptr(): name for name, t in model_state(model).items() if t.numel()}
+    owners = {storage_key(t): name for name, t in model_state(model).items() if t.numel()}
     for node in module.graph.nodes:
         if node.op == "get_attr" and str(node.target).startswith("_tensor_constant"):
             value = getattr(module, str(node.target))
-            if isinstance(value, torch.Tensor) and value.numel() and value.untyped_storage().data_ptr() in owners:
-                return owners[value.untyped_storage().data_ptr()]
+            if isinstance(value, torch.Tensor) and value.numel() and storage_key(value) in owners:
+                return owners[storage_key(value)]
     return None
 
 
 def trainable_attributes(module: fx.GraphModule, model: torch.nn.Module) -> frozenset[str]:
-    """The graph's tensor attributes that alias a model tensor an optimizer trains (requires_grad),
-    by shared storage: torch.export lifts a plain ``self.p = torch.tensor(.., requires_grad=True)``
-    as a detached constant, which must not be read by value."""
-    trained = {t.untyped_storage().data_ptr() for sub in model.modules() for t in vars(sub).values()
+    """The graph's tensor attributes that alias a model tensor training may move, by shared storage:
+    one an optimizer trains (requires_grad: torch.export lifts a plain ``self.p = torch.tensor(..,
+    requires_grad=True)`` as a detached constant), or a floating tensor the model holds in any object
+    (a ``SimpleNamespace``, a dict: symbolic_trace lifts it as a constant, but a training loop can set
+    it like a buffer). Neither may be read by value."""
+    trained = {storage_key(t) for sub in model.modules() for t in vars(sub).values()
                if isinstance(t, torch.Tensor) and t.requires_grad and not t.is_meta and t.numel()}
-    trained |= {p.untyped_storage().data_ptr() for p in model.parameters() if p.requires_grad and not p.is_meta
+    trained |= {storage_key(t) for t in _held_tensors(model) if (t.is_floating_point() or t.is_complex())
+                and not t.is_meta and t.numel()}
+    trained |= {storage_key(p) for p in model.parameters() if p.requires_grad and not p.is_meta
                 and p.numel()}
     found = set()
     for node in module.graph.nodes:
@@ -249,9 +253,38 @@ def trainable_attributes(module: fx.GraphModule, model: torch.nn.Module) -> froz
             except AttributeError:
                 continue
             if (isinstance(value, torch.Tensor) and not value.is_meta and value.numel()
-                and value.untyped_storage().data_ptr() in trained):
+                and storage_key(value) in trained):
                 found.add(str(node.target))
     return frozenset(found)
+
+
+def _held_tensors(model: torch.nn.Module, depth: int = 4) -> list[torch.Tensor]:
+    """Tensors the model's modules hold outside their parameters and buffers, through plain objects,
+    dicts, lists and tuples (``depth`` levels down)."""
+    found: list[torch.Tensor] = []
+    seen: set[int] = set()
+
+    def walk(value: Any, level: int) -> None:
+        if id(value) in seen or level > depth or isinstance(value, torch.nn.Module):
+            return
+        seen.add(id(value))
+        if isinstance(value, torch.Tensor):
+            found.append(value)
+        elif isinstance(value, dict):
+            for item in value.values():
+                walk(item, level + 1)
+        elif isinstance(value, (list, tuple, set, frozenset)):
+            for item in value:
+                walk(item, level + 1)
+        elif hasattr(value, "__dict__") and not isinstance(value, type) and type(value).__module__ != "builtins":
+            for item in vars(value).values():
+                walk(item, level + 1)
+
+    for sub in model.modules():
+        for name, value in vars(sub).items():
+            if name not in ("_parameters", "_buffers", "_modules"):
+                walk(value, 0)
+    return found
 
 
 def _attribute(module: torch.nn.Module, target: str) -> Any:
@@ -285,7 +318,7 @@ def storages(module: fx.GraphModule, inputs: tuple) -> Optional[dict[fx.Node, se
     class Recorder(fx.Interpreter):
         def run_node(self, n: fx.Node) -> Any:
             out = super().run_node(n)
-            found[n] = {t.untyped_storage().data_ptr() for t in tensors(out)}
+            found[n] = {storage_key(t) for t in tensors(out)}
             return out
 
     saved = snapshot(module)

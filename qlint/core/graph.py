@@ -13,6 +13,7 @@ for the probes' numeric re-runs alike.
 from __future__ import annotations
 
 import collections
+import operator
 from dataclasses import dataclass
 from typing import Any, Iterable, Optional, Sequence
 
@@ -162,6 +163,43 @@ def indeterminate(node: fx.Node) -> bool:
                 or target.overloadpacket.__name__ in _UNINITIALISED | _RANDOM)
     name = target if isinstance(target, str) else getattr(target, "__name__", "")
     return name in _UNINITIALISED or name in _RANDOM
+
+
+def storage_key(tensor: torch.Tensor) -> int:
+    """The address of the memory a tensor's values live in, shared by its views and aliases; for a sparse
+    tensor, that of its values (it has no storage of its own)."""
+    if tensor.layout == torch.sparse_coo:
+        tensor = tensor._values()
+    elif tensor.layout != torch.strided:
+        tensor = tensor.values()
+    return tensor.untyped_storage().data_ptr()
+
+
+def strided(tensor: torch.Tensor) -> torch.Tensor:
+    """A sparse (COO, CSR, ...) tensor as its dense values, which comparisons and value reads take."""
+    return tensor if tensor.layout == torch.strided else tensor.to_dense()
+
+
+_BUILTIN_ARITHMETIC = frozenset({"int", "float", "bool", "abs", "round", "min", "max", "pow", "divmod", "len", "sum"})
+_TORCH_NAMESPACES = frozenset({"torch", "torch.functional", "torch.nn.functional"})
+
+
+def pure_call(node: fx.Node) -> bool:
+    """A call whose value is a function of its arguments alone: a torch op (an aten overload, a ``torch.*``
+    or ``F.*`` function, a tensor method) that draws nothing and reads no uninitialised memory, or Python's
+    own arithmetic (``operator.add`` of two sizes, ``math.sqrt``, ``torch.sym_max``) that changes no
+    argument. A function of the user's that an fx trace keeps whole (``fx.wrap``) may read anything."""
+    if node.op not in ("call_function", "call_method") or indeterminate(node):
+        return False
+    target = node.target
+    if node.op == "call_method" or isinstance(target, torch._ops.OpOverload) or target is operator.getitem:
+        return True
+    module, name = getattr(target, "__module__", None), getattr(target, "__name__", "")
+    if module == "_operator":
+        in_place = name.startswith("i") and hasattr(operator, name[1:])
+        return not in_place and name not in ("setitem", "delitem")
+    return (module in _TORCH_NAMESPACES or module == "math"
+            or (module == "builtins" and name in _BUILTIN_ARITHMETIC))
 
 
 class GraphFacts:
@@ -481,8 +519,17 @@ def keeps_values(source: Any, result: Any) -> bool:
     """Whether ``result``'s dtype holds every value of ``source``'s (both known, real floating, the same or
     wider): a cast, or a reduction's own ``dtype=``, that keeps them (an int8 sum wraps, a bfloat16 copy
     rounds)."""
-    before, after = dtype_of(source), dtype_of(result)
+    before, after = dtype_of(source), dtype_of(result) or _values_dtype(result)
     return before is not None and after in _WIDER.get(before, ())
+
+
+def _values_dtype(node: Any) -> Optional[torch.dtype]:
+    """The dtype of the values a (values, indices) reduction returns (``max(dim)``, ``topk``): its first output."""
+    if not isinstance(node, fx.Node):
+        return None
+    value = node.meta.get("val", node.meta.get("example_value", node.meta.get("tensor_meta")))
+    first = value[0] if isinstance(value, (tuple, list)) and value else None
+    return getattr(first, "dtype", None)
 
 
 __all__ = ["GraphFacts", "NodeFacts", "annotate", "dtype_of", "facts", "keeps_values", "least_size", "run_cone",

@@ -27,7 +27,7 @@ from typing import Any, Optional
 import torch
 import torch.fx as fx
 
-from qlint.core.graph import facts, keeps_values, shape_of
+from qlint.core.graph import dtype_of, facts, keeps_values, shape_of
 from qlint.core.ops import op_name
 
 _ONES = frozenset({"ones_like", "ones", "new_ones"})
@@ -87,11 +87,35 @@ def _mean(node: fx.Node, graph: fx.Graph, replaced: dict) -> Optional[fx.Node]:
         return None
     if _normalised(dims, summed) is None or shape_of(node) != shape_of(total):
         return None
+    if not _holds_count(count, ones, _normalised(dims, summed)):
+        return None  # the count rounded or wrapped in its dtype (a bool sum is 1, an int8 one wraps past 127)
     with graph.inserting_after(node):
         mean = graph.call_function(torch.ops.aten.mean.dim,
                                    (summed, list(dims) if isinstance(dims, (list, tuple)) else [dims], True))
     mean.meta.update({k: v for k, v in node.meta.items() if k != "qlint"})
     return mean
+
+
+# the largest integer count each dtype holds exactly, and every count below it
+_EXACT_COUNTS = {torch.int8: 127, torch.uint8: 255, torch.int16: 2 ** 15 - 1, torch.int32: 2 ** 31 - 1,
+                 torch.int64: 2 ** 63 - 1, torch.float16: 2 ** 11, torch.bfloat16: 2 ** 8, torch.float32: 2 ** 24,
+                 torch.float64: 2 ** 53}
+
+
+def _holds_count(count: fx.Node, ones: fx.Node, dims: frozenset[int]) -> bool:
+    """Whether the count, the sum of ones over ``dims``, is the number of entries there: its dtype holds that
+    number exactly (known sizes; an unknown one only in a 64-bit dtype)."""
+    limit = _EXACT_COUNTS.get(dtype_of(count))
+    shape = shape_of(ones)
+    if limit is None or shape is None:
+        return False
+    number = 1
+    for d in dims:
+        size = shape[d]
+        if not isinstance(size, int):
+            return limit >= 2 ** 53
+        number *= size
+    return number <= limit
 
 
 # ops whose result is their input's value exactly (a detach keeps the value and drops the gradient)

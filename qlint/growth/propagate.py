@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import dataclasses
 import math
-import operator
 from typing import Any, Iterable, Optional
 
 import torch
@@ -26,8 +25,9 @@ import torch.fx as fx
 from qlint.core import algebra, domain
 from qlint.growth import support
 from qlint.core.domain import ANY, CONSTANT, Growth, Range, point, unknown
-from qlint.core.graph import (GraphFacts, NodeFacts, dtype_of, facts, indeterminate, lifted_constant, run_cone,
-                              shape_of, size_term, tensor_meta)
+from qlint.core.graph import (GraphFacts, NodeFacts, dtype_of, facts, indeterminate, lifted_constant, pure_call,
+                              run_cone, shape_of, size_term, storage_key, strided,
+                              tensor_meta)
 from qlint.core.ops import Call, op_name
 from qlint.growth.relations import Normalisation, OwnMaxShift, OwnShiftRatio, OwnSumRatio, Selection
 
@@ -212,6 +212,9 @@ class GrowthProp(fx.Interpreter):
         what = hazard or f"`{facts(n).label}`"
         if (readable
             and not all(bool(torch.isfinite(t).all()) for t in tensors if t.is_floating_point() or t.is_complex())):
+            if self.from_shapes(n):
+                return unknown(f"`{facts(n).label}`, computed from sizes and literals alone, is inf or NaN at the "
+                               "example's shape")
             return unknown(f"{what}: inf or NaN at the model's own parameter values")
         if not readable and (self.from_shapes(n) or self._drawn(n)) and hazard is not None:
             return unknown(f"{what}: a value of the input's shape or of a random draw that qlint cannot read")
@@ -279,15 +282,12 @@ class GrowthProp(fx.Interpreter):
                 if node.op == "get_attr":
                     target = str(node.target)
                     ok = not self._arbitrary(target) or (thresholds and self._frozen_float(target))
-                elif node.op == "call_function" and "qlint" in node.meta and facts(node).meta_output:
+                elif node.op in ("call_function", "call_method") and "qlint" in node.meta and facts(node).meta_output:
                     # a size of the input (a dynamic export's sym_size): one number per shape, the example's here
                     ok = (self.graph_facts.example is not None
                           and not any(p in self.graph_facts.variable_length for p in node.all_input_nodes))
-                elif node.op == "call_function":
-                    target = node.target
-                    ok = (target is operator.getitem
-                          or (isinstance(target, torch._ops.OpOverload) and not indeterminate(node)))
-                    ok = ok and all(p in fixed for p in node.all_input_nodes)
+                elif node.op in ("call_function", "call_method"):
+                    ok = pure_call(node) and all(p in fixed for p in node.all_input_nodes)
                 else:
                     ok = False
                 if ok:
@@ -328,7 +328,7 @@ class GrowthProp(fx.Interpreter):
 
     def _frozen(self, value: torch.Tensor) -> bool:
         written = self.module.meta.get("qlint_written_buffers")
-        return written is not None and value.numel() > 0 and value.untyped_storage().data_ptr() not in written
+        return written is not None and value.numel() > 0 and storage_key(value) not in written
 
     # -- leaves -------------------------------------------------------------------------------
 
@@ -355,8 +355,9 @@ class GrowthProp(fx.Interpreter):
             return CONSTANT
         if not isinstance(value, torch.Tensor):
             return CONSTANT
+        value = strided(value)
         written = self.module.meta.get("qlint_written_buffers")
-        if written and value.numel() and value.untyped_storage().data_ptr() in written and \
+        if written and value.numel() and storage_key(value) in written and \
                 any("batch_norm" not in facts(user).family and not _writes_into(user, n) for user in n.users):
             return unknown(f"the buffer `{n.target}` is written by the forward (running statistics) and read as a "
                            "value: it holds what the input wrote")
@@ -407,7 +408,9 @@ class GrowthProp(fx.Interpreter):
         if isinstance(relation, OwnSumRatio):
             x = leading(self.env[relation.numerator])
             if x.real is True and (x.range.pos or ((relation.eps or relation.floored) and x.range.nonneg)) and x.known:
-                return Growth(0.0, depends=x.depends, range=domain.interval(0.0, 1.0))
+                # a positive numerator over a sum of positive entries is positive (a Sinkhorn step divides it again)
+                r = Range(lo=0.0, hi=1.0, pos=True, lo_open=True) if x.range.pos else domain.interval(0.0, 1.0)
+                return Growth(0.0, depends=x.depends, range=r)
             return computed
         if isinstance(relation, Selection):
             return self._selected(n, relation, computed)

@@ -269,19 +269,33 @@ def _squared(node: Any) -> Optional[fx.Node]:
 
 
 def _centred_base(node: Any) -> Optional[tuple[fx.Node, fx.Node]]:
-    """(x, the mean node) when node is x - mean(x, dims, keepdim=True)."""
+    """(x, the mean node) when node is x - mean(x, dims, keepdim=True), every value exact up to the
+    subtraction: a rounding cast before it (of x, of the mean or of its input) leaves x's rounding error
+    where the centred value of a constant row is 0 (a statistic of it then vanishes while it does not)."""
     node = strip(node)
     if _op(node) != "sub" or _arg(node, "alpha", 1) != 1:
         return None
-    raw, centre = strip(_arg(node, "input")), strip(_arg(node, "other"))
-    centre = _tuple_part(centre, 1) or centre
+    raw = strip_exact(_arg(node, "input"))
+    centre = _tuple_part(_to_grid_of(_arg(node, "other"), raw), 1) or _to_grid_of(_arg(node, "other"), raw)
     if (_op(centre) not in ("mean", "variance", "std")
         or (_op(centre) != "mean" and _op_name(centre) not in ("var_mean", "std_mean")) or not isinstance(raw, fx.Node)
-        or strip(_arg(centre, "input")) is not raw):
+        or strip_exact(_arg(centre, "input")) is not raw):
         return None
     if not _keeps_dims(centre):
         return None
     return raw, centre
+
+
+def _to_grid_of(node: Any, raw: Any) -> Any:
+    """Follow exact copies and casts, and casts to a dtype that holds every value of ``raw``'s (a mean taken
+    in float64 and cast back to x's dtype): such a rounding lands on x's own grid, so it keeps a constant
+    row's mean exact and moves any other's by less than the spacing of x's entries."""
+    while True:
+        node = strip_exact(node)
+        if not (isinstance(node, fx.Node) and _op(node) in ("cast", "cast_float") and _floating_or_same(node)
+                and keeps_values(raw, node)):
+            return node
+        node = _arg(node, "input")
 
 
 def _tuple_part(node: Any, index: int) -> Any:
@@ -311,7 +325,7 @@ def _statistic(node: Any) -> Optional[_Statistic]:
             return None  # a negative correction divides by n - c > n: the deviation passes sqrt(n) sds
         if not _keeps_dims(node) or not _more_entries_than_correction(node):
             return None
-        base = strip(_arg(node, "input"))
+        base = strip_exact(_arg(node, "input"))  # the spread of a rounded copy may vanish where x's does not
         return _Statistic(base=base, kind="var", reduction=node, centred=True, rooted=op == "std")
     if op == "norm":
         p = _arg(node, "p", _arg(node, "ord", 2))

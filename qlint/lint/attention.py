@@ -9,8 +9,9 @@ from typing import Iterable, Iterator, Optional
 import torch.fx as fx
 
 from qlint.growth.engine import Analysis, relative, source_of
-from qlint.core.graph import GraphFacts, module_path
+from qlint.core.graph import GraphFacts, facts, module_path
 from qlint.core.ops import op_name
+from qlint.growth.relations import OwnSumRatio, strip
 from qlint.core.results import Finding, Source
 from qlint.lint.rule import Rule, checker
 from qlint.lint.graph_queries import argument, family, is_normalizer, op
@@ -56,17 +57,38 @@ def _attentions(analysis: Analysis) -> Iterator[_Attention]:
             yield _Attention(node, module_path(node) or root, [], "", "shifted_window_attention")
         elif "softmax" in family(node):
             yield from softmax_attentions(node, data, root)
+        elif _written_softmax(node) is not None:
+            yield from logit_products(_written_softmax(node), node, data, root)
+
+
+def _written_softmax(node: fx.Node) -> Optional[fx.Node]:
+    """The logits of a softmax written out, ``exp(s - max s) / sum(exp(s - max s))`` (over a row, or
+    over a graph's edges with scatters as torch_geometric writes it): the argument of the exp that a
+    proved own-sum ratio divides by its group's sum."""
+    relation = facts(node).relation if "qlint" in node.meta else None
+    if not isinstance(relation, OwnSumRatio):
+        return None
+    numerator = strip(relation.numerator)
+    if not (isinstance(numerator, fx.Node) and op(numerator) == "exp"):
+        return None
+    logits = argument(numerator, "input")
+    return logits if isinstance(logits, fx.Node) else None
 
 
 def softmax_attentions(softmax: fx.Node, data: set, root: str) -> Iterator[_Attention]:
-    """The Q·K products whose logits reach this softmax, and how every path is capped.
+    """The Q·K products whose logits reach this softmax."""
+    logits = argument(softmax, "input")
+    if isinstance(logits, fx.Node):
+        yield from logit_products(logits, softmax, data, root)
+
+
+def logit_products(logits: fx.Node, softmax: fx.Node, data: set, root: str) -> Iterator[_Attention]:
+    """The Q·K products whose logits reach a softmax, and how every path is capped: a matmul of two
+    values, or a dot product written out (``(q * k).sum(-1)``).
 
     A tanh soft-cap bounds the logits and keeps their gradient; a hard clamp bounds them
     too, but its gradient is zero past the cap, which is reported differently.
     """
-    logits = argument(softmax, "input")
-    if not isinstance(logits, fx.Node):
-        return
     stack: list[tuple[fx.Node, str]] = [(logits, "")]
     seen: set[tuple[fx.Node, str]] = set()
     found: dict[fx.Node, list[str]] = {}
@@ -79,6 +101,8 @@ def softmax_attentions(softmax: fx.Node, data: set, root: str) -> Iterator[_Atte
         operands = [a for a in node.all_input_nodes if a in data]
         if "matmul" in family(node) and len(operands) >= 2:
             found.setdefault(node, []).append(capped)
+        elif op(node) == "sum" and _dot_product(node, data) is not None:
+            found.setdefault(_dot_product(node, data), []).append(capped)
         elif kind == "saturating" and op_name(node) == "tanh":
             stack.extend((a, "tanh") for a in operands)
         elif _hard_cap(node) and argument(node, "input") in operands:
@@ -89,6 +113,15 @@ def softmax_attentions(softmax: fx.Node, data: set, root: str) -> Iterator[_Atte
         operands = [a for a in product.all_input_nodes if a in data][-2:]
         capped = "" if "" in caps else "clamp" if "clamp" in caps else "tanh"
         yield _Attention(product, module_path(product) or module_path(softmax) or root, operands, capped)
+
+
+def _dot_product(reduction: fx.Node, data: set) -> Optional[fx.Node]:
+    """The Hadamard product of two input-dependent values that a sum reduces: a dot product written out."""
+    product = argument(reduction, "input")
+    if (isinstance(product, fx.Node) and "product" in family(product)
+            and len([a for a in product.all_input_nodes if a in data]) == 2):
+        return product
+    return None
 
 
 def _normalised(operand: fx.Node, graph: GraphFacts) -> bool:

@@ -34,6 +34,10 @@ EXPECTED = {  # factory: (verdict, max q)
     "custom_op_function": ("certified", 1.0),
     "custom_op_decomposed_square": ("supercritical", 2.0),
     "custom_op_with_its_own_kernel": ("uncertified", None),  # the CPU kernel is not the function qlint can read
+    "relative_position_buckets": ("certified", 1.0),
+    "relative_position_log_unselected": ("uncertified", None),  # log(0) of a size-only offset reaches the output
+    "sparse_adjacency": ("certified", 1.0),  # a sparse buffer is compared and read by its dense values
+    "sparse_adjacency_squared": ("supercritical", 2.0),
 }
 
 

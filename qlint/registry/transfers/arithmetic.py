@@ -10,11 +10,11 @@ from typing import Any, Optional
 
 from qlint.core import algebra, domain
 from qlint.core.domain import ANY, CONSTANT, Growth, Range, unknown
-from qlint.core.ops import Call
+from qlint.core.ops import Call, op_name
 from qlint.registry.transfers.base import transfer
 from qlint.registry.transfers.combinators import (
-    argument_shape, clamp_bound, combine_max, combine_product, culprit_of, has_zero, hazard, is_number, negated,
-    nonzero_constant, plain_number, range_of, reciprocal_range, scaled,
+    argument_node, argument_shape, clamp_bound, combine_max, combine_product, culprit_of, has_zero, hazard, is_number,
+    negated, nonzero_constant, plain_number, range_of, reciprocal_range, scaled,
 )
 
 
@@ -453,10 +453,16 @@ def shift(call: Call, entry: Any) -> Any:
 @transfer("fmod")
 def fmod(call: Call, entry: Any) -> Any:
     """fmod(a, b) has |.| <= min(|a|, |b|); a % b (remainder) lies between 0 and b. Both are
-    NaN at b = 0, so a divisor computed from the input must stay away from 0."""
+    NaN at b = 0, so a divisor computed from the input must stay away from 0. An infinite b bounds
+    nothing (fmod(a, inf) = a): a divisor independent of the input bounds the result only when it is
+    finite for every parameter value (a finite range, or a parameter or buffer itself)."""
     a, b = call.growth("input"), call.growth("other")
     if a is None or b is None:
         return CONSTANT
+    if not b.depends and not _finite_divisor(call, b):
+        if entry.id == "remainder":
+            return unknown("remainder by a divisor that may be infinite")
+        return Growth(a.q if a.depends else 0.0, depends=a.depends, real=a.real, culprit=a.culprit)
     raw = call.value("other")
     if (is_number(raw) and raw == 0) or (b.depends and reciprocal_range(b) is None):
         return unknown(f"{entry.id} by a divisor that may be 0")
@@ -471,6 +477,17 @@ def fmod(call: Call, entry: Any) -> Any:
     if any(q is None for q in qs):
         return Growth(None, culprit=culprit_of(a, b))
     return Growth(min(qs), depends=a.depends or b.depends)
+
+
+def _finite_divisor(call: Call, b: Growth) -> bool:
+    """An input-independent divisor that is finite for every parameter value: its range is finite, or it is a
+    parameter or buffer up to sign and copies (finite, or refused where it is read)."""
+    if math.isfinite(b.range.lo) and math.isfinite(b.range.hi):
+        return True
+    node = argument_node(call, "other")
+    while op_name(node) in ("abs", "neg", "clone", "detach", "alias", "contiguous", "positive"):
+        node = node.args[0] if node.args else None
+    return getattr(node, "op", None) == "get_attr"
 
 
 @transfer("rounding")

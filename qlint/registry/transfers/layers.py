@@ -24,7 +24,7 @@ def matmul(call: Call, entry: Any) -> Any:
     tensordot; with a bias, addmm(c, a, b, beta, alpha) = beta c + alpha a b. Also named by
     ``arithmetic.toml`` (cross products)."""
     operands = [g for name in ("input", "other", "mat1", "mat2", "batch1", "batch2", "vec", "vec1", "vec2", "mat",
-                               "tensor", "a", "b", "input1", "input2", "weight")
+                               "tensor", "a", "b", "input1", "input2", "weight", "sparse", "dense")
                 if (g := call.growth(name)) is not None]
     for name in ("operands", "tensors", "matrices", "args"):  # args: torch.functional.einsum(eq, *operands) under fx
         if call.has(name):

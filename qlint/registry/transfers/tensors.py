@@ -224,6 +224,8 @@ def reduce(call: Call, entry: Any) -> Any:
     r = range_of(x)
     if call.op in ("sum", "nansum", "cumsum", "trace"):
         r = Range(lo=0.0 if r.nonneg else -math.inf, hi=0.0 if r.nonpos else math.inf, pos=r.pos, neg=r.neg)
+        if _wraps(call):
+            r = ANY  # an integer sum narrower than 64 bits wraps past its range: its sign says nothing
     elif call.op in ("logsumexp", "logcumsumexp"):
         r = Range(lo=r.lo if r.lo > -math.inf else -math.inf, below=r.below)
     values = Growth(x.q if x.depends else 0.0, depends=x.depends, real=x.real, range=r, culprit=x.culprit)
@@ -232,6 +234,14 @@ def reduce(call: Call, entry: Any) -> Any:
     if _returns_indices(call, entry):
         return (values, Growth(0.0, depends=x.depends, range=Range(lo=0.0)))
     return values
+
+
+def _wraps(call: Call) -> bool:
+    """A reduction whose result is an integer (or bool) narrower than int64 (``sum(dtype=torch.int8)``)."""
+    import torch
+
+    dtype = dtype_of(call.node) if call.node is not None else None
+    return dtype is not None and not dtype.is_floating_point and not dtype.is_complex and dtype != torch.int64
 
 
 def _returns_indices(call: Call, entry: Any) -> bool:
