@@ -165,13 +165,19 @@ def _compared(condition: Any) -> Optional[Selection]:
     return Selection(base, half(taken_side, taken_closed), half(left_side, left_closed), held)
 
 
+def _floating(node: fx.Node) -> bool:
+    dtype = dtype_of(node)
+    return dtype is not None and dtype.is_floating_point
+
+
 _FLIPPED = {"gt": "lt", "ge": "le", "lt": "gt", "le": "ge"}
 
 
 def _solved(base: fx.Node, t: float, name: str) -> tuple[fx.Node, float, str]:
     """``c v + d  > t`` read as a comparison of v itself (``beta h > 20`` is ``h > 20 / beta``): a scale by a
-    nonzero number (flipping the sides when negative), a shift by a number, a negation."""
-    while "qlint" in base.meta:
+    nonzero number (flipping the sides when negative), a shift by a number, a negation. Only in floating
+    dtypes, where each is monotone (an integer product wraps: 2^61 v is 0 for every v divisible by 8)."""
+    while "qlint" in base.meta and _floating(base):
         op, a, b = _op_name(base), _arg(base, "input"), _arg(base, "other")
         number, value = (b, a) if _is_number(b) else (a, b) if _is_number(a) else (None, None)
         if op == "neg" and isinstance(a, fx.Node):
@@ -656,7 +662,7 @@ def _own_sum_ratio(node: fx.Node) -> Optional[OwnSumRatio]:
     inner, eps, scale = _eps_wrapped(denominator)
     if inner is not None and scale == 1.0 and _gathered_own_group(inner, numerator, ("sum",)):
         return OwnSumRatio(numerator, eps)
-    if _op(inner) == "add" and _arg(inner, "alpha", 1) == 1:  # softmax-one's exp(-m) + sum(e): checked >= 0 later
+    if scale == 1.0 and _op(inner) == "add" and _arg(inner, "alpha", 1) == 1:  # softmax-one: exp(-m) + sum(e), >= 0
         for term, other in ((_arg(inner, "input"), _arg(inner, "other")), (_arg(inner, "other"), _arg(inner, "input"))):
             summed = _broadcast_strip(term)
             if (isinstance(other, fx.Node) and _op(summed) == "sum" and _keeps_dims(summed)
