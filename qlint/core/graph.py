@@ -204,13 +204,16 @@ def pure_call(node: fx.Node) -> bool:
 
 def _dynamic_output_shape(node: fx.Node) -> bool:
     """An op whose output's length depends on its input's values (``bincount``: max(x) + 1 bins, ``nonzero``),
-    as aten tags it: the overload itself, or any overload of the op a Python function or method names."""
+    as aten tags it: the overload itself, or every overload of the op a Python function or method names (not
+    ``repeat_interleave``, dynamic only with a tensor of counts, which :data:`SIZE_ARGUMENTS` catches)."""
     target = node.target
     if isinstance(target, torch._ops.OpOverload):
         return torch.Tag.dynamic_output_shape in target.tags
     packet = getattr(torch.ops.aten, op_name(node), None) if op_name(node) else None
-    overloads = packet.overloads() if isinstance(packet, torch._ops.OpOverloadPacket) else []
-    return any(torch.Tag.dynamic_output_shape in getattr(packet, name).tags for name in overloads)
+    if not isinstance(packet, torch._ops.OpOverloadPacket):
+        return False
+    overloads = [name for name in packet.overloads() if "out" not in name.split("_")]
+    return bool(overloads) and all(torch.Tag.dynamic_output_shape in getattr(packet, name).tags for name in overloads)
 
 
 class GraphFacts:
