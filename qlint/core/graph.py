@@ -202,6 +202,20 @@ def pure_call(node: fx.Node) -> bool:
             or (module == "builtins" and name in _BUILTIN_ARITHMETIC))
 
 
+def _dynamic_output_shape(node: fx.Node) -> bool:
+    """An op whose output's length depends on its input's values (``bincount``: max(x) + 1 bins, ``nonzero``),
+    as aten tags it: the overload itself, or every overload of the op a Python function or method names (not
+    ``repeat_interleave``, dynamic only with a tensor of counts, which :data:`SIZE_ARGUMENTS` catches)."""
+    target = node.target
+    if isinstance(target, torch._ops.OpOverload):
+        return torch.Tag.dynamic_output_shape in target.tags
+    packet = getattr(torch.ops.aten, op_name(node), None) if op_name(node) else None
+    if not isinstance(packet, torch._ops.OpOverloadPacket):
+        return False
+    overloads = [name for name in packet.overloads() if "out" not in name.split("_")]
+    return bool(overloads) and all(torch.Tag.dynamic_output_shape in getattr(packet, name).tags for name in overloads)
+
+
 class GraphFacts:
     """Order, value dependence, ancestors and post-dominators of an annotated graph."""
 
@@ -253,7 +267,7 @@ class GraphFacts:
             info = facts(node)
             if info.meta_output:
                 continue
-            unknown_op = info.primitive is None and info.declared is None
+            unknown_op = info.primitive is None and info.declared is None or _dynamic_output_shape(node)
             sized = info.bound is not None and any(
                 value in self.data for name, argument in info.bound.arguments.items()
                 if name in SIZE_ARGUMENTS or (info.bound.positional and name != "input") or op_name(node) in SEQUENCES

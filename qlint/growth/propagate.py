@@ -407,9 +407,17 @@ class GrowthProp(fx.Interpreter):
             return computed
         if isinstance(relation, OwnSumRatio):
             x = leading(self.env[relation.numerator])
+            if relation.addend is not None:
+                extra = leading(self.env.get(relation.addend, CONSTANT))
+                if not (extra.real is True and extra.known and extra.range.nonneg):
+                    return computed  # the further term must not cancel the sum
+                if not extra.range.pos and not relation.eps and not x.range.pos:
+                    return computed  # both may be 0: 0 / 0
+                relation = dataclasses.replace(relation, eps=True)
             if x.real is True and (x.range.pos or ((relation.eps or relation.floored) and x.range.nonneg)) and x.known:
                 # a positive numerator over a sum of positive entries is positive (a Sinkhorn step divides it again)
-                r = Range(lo=0.0, hi=1.0, pos=True, lo_open=True) if x.range.pos else domain.interval(0.0, 1.0)
+                top = 1.0 if not relation.mean else float(relation.group) if relation.group else math.inf
+                r = Range(lo=0.0, hi=top, pos=True, lo_open=True) if x.range.pos else Range(lo=0.0, hi=top)
                 return Growth(0.0, depends=x.depends, range=r)
             return computed
         if isinstance(relation, Selection):
@@ -452,12 +460,17 @@ class GrowthProp(fx.Interpreter):
         if held is not None and not self._finite_parameter(held):
             return computed  # a threshold that moves with the input, or may be inf, bounds nothing
         values = []
-        for name, taken in (("input", selection.taken), ("other", selection.left)):
+        for name, taken, base in (("input", selection.taken, selection.base),
+                                  ("other", selection.left, selection.left_base or selection.base)):
             branch = facts(node).bound.arguments.get(name)
             if not isinstance(branch, fx.Node) or taken is None:
                 values.append(leading(self.env[branch]) if isinstance(branch, fx.Node) else domain.constant(branch))
                 continue
-            cone = _elementwise_cone(selection.base, branch, self.graph_facts.nodes)
+            cone = _elementwise_cone(base, branch, self.graph_facts.nodes)
+            v = leading(self.env[base])
+            if base is not selection.base and (cone is None or not (v.real is True and v.known)):
+                values.append(leading(self.env[branch]))  # |v| >= t is a fact about |v| only: read as taken anywhere
+                continue
             if cone is None:
                 return computed
             lo, hi, lo_open, hi_open = taken
@@ -469,16 +482,17 @@ class GrowthProp(fx.Interpreter):
                                neg=r.neg or (hi <= 0 and (hi_open or hi < 0)), below=r.below or lo > -math.inf,
                                above=r.above or hi < math.inf, floor=r.floor, ceil=r.ceil)
             restricted = Growth(v.q, depends=True, real=True, range=bounds)
-            local = self.propagate({selection.base: restricted}, cone, self.env) if cone else {}
-            values.append(leading(local.get(branch, restricted if branch is selection.base else self.env[branch])))
+            local = self.propagate({base: restricted}, cone, self.env) if cone else {}
+            values.append(leading(local.get(branch, restricted if branch is base else self.env[branch])))
         dependent = [g for g in values if g.depends]
         if not all(g.known for g in dependent) or not all(g.real is True for g in values):
             return computed
         q = max((g.q for g in dependent), default=0.0)
         before = leading(computed)
+        selected = domain.union(*(g.range for g in values))  # each branch where it is taken: a range as valid
         if before.known and before.q <= q:
-            return computed
-        return Growth(q, depends=bool(dependent), range=domain.union(*(g.range for g in values)))
+            return dataclasses.replace(before, range=selected) if before.real is True else computed
+        return Growth(q, depends=bool(dependent), range=selected)
 
 
 _ENTRYWISE = frozenset({"add", "sub", "rsub", "mul", "div", "neg", "abs", "pow", "square", "sqrt", "rsqrt", "exp",

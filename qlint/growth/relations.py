@@ -70,6 +70,9 @@ class OwnSumRatio:
     numerator: fx.Node
     eps: bool
     floored: bool = False
+    mean: bool = False  # over the group's mean (ConvNeXt V2's GRN): in [0, n] for a group of n entries
+    group: Optional[int] = None  # n, when the shapes give it
+    addend: Optional[fx.Node] = None  # a further term of the denominator, which must be >= 0 (softmax-one)
 
 
 @dataclass(frozen=True)
@@ -99,17 +102,45 @@ class Selection:
     taken: tuple[float, float, bool, bool]
     left: Optional[tuple[float, float, bool, bool]]
     threshold: Optional[fx.Node] = None
+    left_base: Optional[fx.Node] = None  # the value ``left`` bounds, when not base (|v| >= t bounds |v|, not v)
 
 
 _SIDES = {"gt": ((1, False), (0, True)), "ge": ((1, True), (0, False)),  # (side, closed) of the taken / left set
           "lt": ((0, False), (1, True)), "le": ((0, True), (1, False))}
 
 
+_CONJUNCTIONS = frozenset({"logical_and", "bitwise_and", "and_", "__and__"})
+
+
 def _selection(node: fx.Node) -> Optional[Selection]:
-    """The selection a ``where`` makes by comparing a value with a number (``|v| < t`` too)."""
+    """The selection a ``where`` makes by comparing a value with a number (``|v| < t`` too), or with two
+    numbers at once (``(v > a) & (v < b)``: taken on the interval, the other branch anywhere)."""
     if _op_name(node) != "where" or not isinstance(_arg(node, "condition"), fx.Node):
         return None
     condition = strip(_arg(node, "condition"))
+    if _op_name(condition) in _CONJUNCTIONS:
+        return _interval(condition)
+    return _compared(condition)
+
+
+def _interval(condition: fx.Node) -> Optional[Selection]:
+    """Both sides of a conjunction compare the same value with numbers: the taken set is their intersection."""
+    sides = [_compared(strip(side)) if isinstance(side, fx.Node) else None
+             for side in (_arg(condition, "input"), _arg(condition, "other"))]
+    if any(side is None or side.threshold is not None for side in sides) or sides[0].base is not sides[1].base:
+        return None
+    (lo_a, hi_a, lo_open_a, hi_open_a), (lo_b, hi_b, lo_open_b, hi_open_b) = sides[0].taken, sides[1].taken
+    lo, lo_open = max((lo_a, lo_open_a), (lo_b, lo_open_b))
+    hi, hi_closed = min((hi_a, not hi_open_a), (hi_b, not hi_open_b))
+    if lo > hi:
+        return None  # never taken: no fact to propagate
+    return Selection(sides[0].base, (lo, hi, lo_open, not hi_closed), None)
+
+
+def _compared(condition: Any) -> Optional[Selection]:
+    """The selection one comparison of a value with a number (or a held threshold) makes."""
+    if not isinstance(condition, fx.Node):
+        return None
     name = _op_name(condition)
     if name not in _SIDES or "qlint" not in condition.meta:
         return None
@@ -118,16 +149,48 @@ def _selection(node: fx.Node) -> Optional[Selection]:
         return None
     held = threshold if isinstance(threshold, fx.Node) else None
     t = 1.0 if held is not None else float(threshold)  # a held threshold: only the finite sides are read
+    if held is None:
+        base, t, name = _solved(base, t, name)
     (taken_side, taken_closed), (left_side, left_closed) = _SIDES[name]
     if _op_name(base) == "abs" and isinstance(_arg(base, "input"), fx.Node):
         if taken_side == 1 or t <= 0:
             return None  # |v| > t leaves v unbounded on both sides; only |v| < t bounds it
-        return Selection(_arg(base, "input"), (-t, t, not taken_closed, not taken_closed), None, held)
+        outside = (t, math.inf, not left_closed, False) if held is None else None  # the other branch: |v| >= t
+        return Selection(_arg(base, "input"), (-t, t, not taken_closed, not taken_closed), outside, held,
+                         left_base=base if outside is not None else None)
 
     def half(side: int, closed: bool) -> tuple[float, float, bool, bool]:
         return (t, math.inf, not closed, False) if side == 1 else (-math.inf, t, False, not closed)
 
     return Selection(base, half(taken_side, taken_closed), half(left_side, left_closed), held)
+
+
+def _floating(node: fx.Node) -> bool:
+    dtype = dtype_of(node)
+    return dtype is not None and dtype.is_floating_point
+
+
+_FLIPPED = {"gt": "lt", "ge": "le", "lt": "gt", "le": "ge"}
+
+
+def _solved(base: fx.Node, t: float, name: str) -> tuple[fx.Node, float, str]:
+    """``c v + d  > t`` read as a comparison of v itself (``beta h > 20`` is ``h > 20 / beta``): a scale by a
+    nonzero number (flipping the sides when negative), a shift by a number, a negation. Only in floating
+    dtypes, where each is monotone (an integer product wraps: 2^61 v is 0 for every v divisible by 8)."""
+    while "qlint" in base.meta and _floating(base):
+        op, a, b = _op_name(base), _arg(base, "input"), _arg(base, "other")
+        number, value = (b, a) if _is_number(b) else (a, b) if _is_number(a) else (None, None)
+        if op == "neg" and isinstance(a, fx.Node):
+            base, t, name = a, -t, _FLIPPED[name]
+        elif op == "mul" and isinstance(value, fx.Node) and number != 0:
+            base, t, name = value, t / number, name if number > 0 else _FLIPPED[name]
+        elif op == "div" and isinstance(a, fx.Node) and _is_number(b) and b != 0 and _arg(base, "rounding_mode") is None:
+            base, t, name = a, t * b, name if b > 0 else _FLIPPED[name]
+        elif op in ("add", "sub") and isinstance(value, fx.Node) and value is a and _arg(base, "alpha", 1) == 1:
+            base, t = value, t - number if op == "add" else t + number
+        else:
+            return base, t, name
+    return base, t, name
 
 
 def find(nodes: list[fx.Node]) -> None:
@@ -599,12 +662,20 @@ def _own_sum_ratio(node: fx.Node) -> Optional[OwnSumRatio]:
     inner, eps, scale = _eps_wrapped(denominator)
     if inner is not None and scale == 1.0 and _gathered_own_group(inner, numerator, ("sum",)):
         return OwnSumRatio(numerator, eps)
+    if scale == 1.0 and _op(inner) == "add" and _arg(inner, "alpha", 1) == 1:  # softmax-one: exp(-m) + sum(e), >= 0
+        for term, other in ((_arg(inner, "input"), _arg(inner, "other")), (_arg(inner, "other"), _arg(inner, "input"))):
+            summed = _broadcast_strip(term)
+            if (isinstance(other, fx.Node) and _op(summed) == "sum" and _keeps_dims(summed)
+                    and strip_exact(_arg(summed, "input")) is numerator):
+                return OwnSumRatio(numerator, eps, addend=other)
     if _gathered_own_group(strip_exact(denominator), numerator, ("sum",), eps_first=True):
         return OwnSumRatio(numerator, True)  # torch_geometric adds eps before gathering: (scatter_sum + eps)[index]
-    if inner is None or scale != 1.0 or _op(inner) != "sum" or not _keeps_dims(inner):
+    if inner is None or scale != 1.0 or _op(inner) not in ("sum", "mean") or not _keeps_dims(inner):
         return None
     if strip_exact(_arg(inner, "input")) is not numerator:
         return None
+    if _op(inner) == "mean":  # x_i / mean(x) = n x_i / sum(x): at most n for non-negative entries
+        return OwnSumRatio(numerator, eps, mean=True, group=_group_size(inner))
     return OwnSumRatio(numerator, eps, floored=_largest_of_softmax(numerator, inner))
 
 
@@ -672,9 +743,10 @@ def _gathered_own_group(gathered: Any, values: fx.Node, reduces: tuple[str, ...]
             return False
         table = strip_exact(table)
     scatter = _op_name(table)
-    reduce = "sum" if scatter in ("scatter_add", "scatter_add_") else (
+    added = scatter in ("index_add", "index_add_")  # index_add(0, index, values): the index is one entry per row
+    reduce = "sum" if scatter in ("scatter_add", "scatter_add_") or (added and _arg(table, "alpha", 1) == 1) else (
         _arg(table, "reduce") if scatter in ("scatter_reduce", "scatter_reduce_") else None)
-    source = strip_exact(_arg(table, "src"))
+    source = strip_exact(_arg(table, "source" if added else "src"))
     if reduce not in reduces or _arg(table, "dim") != 0 or source is not strip_exact(values):
         return False
     if reduce == "sum" and not _nonnegative_fill(_arg(table, "input")):
@@ -684,9 +756,17 @@ def _gathered_own_group(gathered: Any, values: fx.Node, reduces: tuple[str, ...]
             and shape_of(gathered) == shape and shape[0] == length[0]):
         return False
     laid = _arg(table, "index")
+    if added:
+        return isinstance(laid, fx.Node) and shape_of(laid) == length and _laid_along_axis_0(laid, index)
     if shape_of(laid) != shape:
         return False  # an index narrower than the values scatters only its own columns: the rest keep the base
     return _laid_along_axis_0(laid, index)
+
+
+def _same_value(a: Any, b: Any) -> bool:
+    """The same node, or two reads of the same attribute (symbolic_trace reads ``self.index`` once per use)."""
+    return a is b or (isinstance(a, fx.Node) and isinstance(b, fx.Node) and a.op == b.op == "get_attr"
+                      and a.target == b.target)
 
 
 def _laid_along_axis_0(laid: fx.Node, index: fx.Node) -> bool:
@@ -696,7 +776,7 @@ def _laid_along_axis_0(laid: fx.Node, index: fx.Node) -> bool:
     the values' 2-D shape lies along the last axis; a view keeps it first only from (n, 1, ...) to
     (n, 1, ...)."""
     chain = []
-    while strip_exact(laid) is not strip_exact(index):
+    while not _same_value(strip_exact(laid), strip_exact(index)):
         if not (isinstance(laid, fx.Node) and _op_name(laid) in _INDEX_PLUMBING):
             return False
         chain.append(laid)
@@ -736,6 +816,8 @@ def _own_max_shift(node: fx.Node) -> Optional[OwnMaxShift]:
     source, shift = strip_exact(_arg(node, "input")), strip_exact(_arg(node, "other"))
     if not isinstance(source, fx.Node) or not isinstance(shift, fx.Node):
         return None
+    while _op_name(shift) in ("clamp", "clamp_min") and _arg(shift, "max") is None:
+        shift = strip_exact(_arg(shift, "input"))  # raised to a floor (softmax-one's max(m, 0)): still >= every entry
     if _gathered_own_group(shift, source, ("amax", "max")):
         return OwnMaxShift(source)
     # s.max(dim, keepdim=True).values is getitem(max.dim(...), 0)

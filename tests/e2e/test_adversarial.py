@@ -54,18 +54,16 @@ CONSERVATIVE = {
     "r6_casts.py:own_shift_int64_safe": "an integer cast is not followed by the relations: past 2^63 a float -> int64 conversion wraps to INT64_MIN, so n / (int64(n) + 1) then grows like n (exact only below 9.2e18, which the label measures)",
     "r1_buffers.py:denorm_with_running_std_safe": "a buffer the forward writes (running statistics) read by value outside BatchNorm is unknown",
     # review c1 (issue 39's safe controls): the 12 of 60 still refused, each with the rule it lacks
-    "c1_acts.py:smooth_l1_gate": "s / (1 + s) with s from a where of two non-negative branches: the own-shift ratio needs s >= 0, and the where's union of ranges does not keep it",
-    "c1_acts.py:softplus_threshold_where": "where(beta h > 20, h, log1p(exp(beta h)) / beta): the selection bounds a branch only when the compared value is the branch's own argument, not a multiple of it",
-    "c1_acts.py:cubic_softclip_interval": "where((h > -1) & (h < 1), ...): a selection is read from one comparison with a threshold, not from a conjunction of two",
     "c1_masked.py:timesfm_masked_revin": "mean and spread over a data-dependent 0/1 mask: no normalisation rule takes masked statistics (only an all-ones mask is rewritten to a mean)",
     "c1_topk.py:topk_absmean_gate": "h / (mean of the top-k |h| + eps): a top-k statistic is not in the normalisation catalogue",
-    "c1_graph.py:gat_scatter_softmax": "a scatter softmax whose edge index is an integer buffer: the group relations need the index's traced shape",
+    "r10_wrap.py:small_scale_interval_safe": "a comparison of c v with a number is read as one of v in floating dtypes only (an integer product wraps past its range): here the integers do not reach it",
+    "r10_wrap.py:small_scale_abs_safe": "the same for |v| scaled by an integer",
+    "r10_ratio.py:addend_unscaled_safe": "relu(r - 1) of a ratio r <= 1 is exactly 0, but a product with a factor whose range is [0, 0] keeps the other factor's exponent",
+    "r10_sizes.py:bincount_minlength_safe": "bincount's length depends on the values (max + 1): refused even where minlength covers every value the input can take",
     "c1_graph.py:gat_global_shift": "exp(e - e.max()) with one global maximum, scattered: the max shift is read over the same group as the sum only",
-    "c1_softmax.py:softmax_one_attention": "exp(s - m) / (exp(-m) + sum exp(s - m)) with a clamped max: the sum ratio takes a numeric eps, not a positive term",
     "c1_mhc.py:mhc_sinkhorn_tanh": "a hyper-connection stream mixed by a doubly-stochastic matrix has no identity term: no block is found and the model is uncovered",
     "c1_mhc.py:mhc_sinkhorn_rmsnorm": "the same hyper-connection with an RMSNorm on the mixing logits: no identity term, no block",
     "c1_routing.py:moe_top2_capacity": "a capacity int(cf n k / E) computed from the batch size: each size is another graph, and past two other shapes analysed the rest are uncovered",
-    "c1_conv.py:convnext_v2_grn_nonorm": "G / (mean(G) + eps): the own-sum ratio takes a sum, not a mean (bounded by the group size)",
 }
 
 

@@ -20,6 +20,13 @@ EXPECTED = {  # factory: (verdict, max q)
     "huber_learned_one_side": ("supercritical", 2.0),
     "huber_input_threshold": ("supercritical", 2.0),
     "selected_through_a_matmul": ("supercritical", 2.0),
+    "cube_on_an_interval": ("certified", 0.0),  # a soft clip: the velocity is bounded
+    "cube_on_a_ray": ("supercritical", 3.0),
+    "cube_on_two_values": ("supercritical", 3.0),
+    "softplus_threshold_written_out": ("certified", 1.0),  # 2h > 20 compares h with 10
+    "cube_on_a_scaled_ray": ("supercritical", 3.0),
+    "smooth_l1_ratio": ("certified", 1.0),  # the where's other branch is read where |h| >= 1
+    "square_of_the_tail": ("supercritical", 2.0),
     "straight_through": ("certified", 1.0),
     "half_cancelled": ("supercritical", 2.0),
     "direction_times_linear": ("certified", 1.0),
@@ -38,6 +45,12 @@ EXPECTED = {  # factory: (verdict, max q)
     "relative_position_log_unselected": ("uncertified", None),  # log(0) of a size-only offset reaches the output
     "sparse_adjacency": ("certified", 1.0),  # a sparse buffer is compared and read by its dense values
     "sparse_adjacency_squared": ("supercritical", 2.0),
+    "response_normalisation": ("certified", 1.0),  # g / mean(g) of a non-negative g lies in [0, n]
+    "signed_mean_ratio": ("uncertified", None),  # a mean of signed entries may cross 0
+    "softmax_one": ("certified", 1.0),
+    "softmax_one_capped": ("supercritical", None),  # exp(s - min(max s, 0)): faster than any power
+    "edge_softmax_index_add": ("certified", 1.0),
+    "edge_softmax_read_at_source": ("uncertified", None),  # the sum read back in another group
 }
 
 
