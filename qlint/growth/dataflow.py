@@ -19,7 +19,7 @@ import torch.fx as fx
 
 from qlint.core.graph import GraphFacts, facts, shape_of
 from qlint.core.ops import op_name
-from qlint.growth.relations import strip
+from qlint.growth.annotated import strip
 from qlint.growth.stream import StreamBlock, StreamTransition
 
 

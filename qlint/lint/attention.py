@@ -11,7 +11,8 @@ import torch.fx as fx
 from qlint.growth.engine import Analysis, relative, source_of
 from qlint.core.graph import GraphFacts, facts, module_path
 from qlint.core.ops import op_name
-from qlint.growth.relations import OwnSumRatio, strip
+from qlint.growth.annotated import strip
+from qlint.growth.relations import OwnSumRatio
 from qlint.core.results import Finding, Source
 from qlint.lint.rule import Rule, checker
 from qlint.lint.graph_queries import argument, family, is_normalizer, op

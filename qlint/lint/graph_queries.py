@@ -12,7 +12,8 @@ import torch.fx as fx
 from qlint.growth.engine import Analysis
 from qlint.core.graph import facts
 from qlint.core.ops import op_name
-from qlint.growth.relations import Normalisation, strip
+from qlint.growth.annotated import strip
+from qlint.growth.relations import Normalisation
 
 _RUNNING_STATS_OPS = {"_native_batch_norm_legit_no_training", "_batch_norm_no_update"}
 _BATCH_STATS_OPS = {"_native_batch_norm_legit", "_native_batch_norm_legit_functional", "_batch_norm_with_update"}

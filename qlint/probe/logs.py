@@ -27,7 +27,8 @@ import torch.fx as fx
 from qlint.growth.engine import Analysis, source_of
 from qlint.core.graph import facts, module_path
 from qlint.core.ops import op_name
-from qlint.growth.relations import Normalisation, strip
+from qlint.growth.annotated import strip
+from qlint.growth.relations import Normalisation
 from qlint.core.results import Finding, Source
 from qlint.lint.attention import softmax_attentions  # QL201's search: both rules see the same attentions
 from qlint.lint.graph_queries import argument, is_normalizer, normalised_input, op

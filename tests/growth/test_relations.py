@@ -11,8 +11,8 @@ from growth_graphs import D, Forward, named, output_value, prepare
 from torch import nn
 
 from qlint.core.graph import facts
-from qlint.growth.relations import (Normalisation, OwnMaxShift, OwnShiftRatio, OwnSumRatio, match_normalisation,
-                                  strip)
+from qlint.growth.annotated import strip
+from qlint.growth.relations import Normalisation, OwnMaxShift, OwnShiftRatio, OwnSumRatio, match_normalisation
 
 
 def relations_of(fn) -> dict[str, object]:
