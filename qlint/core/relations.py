@@ -184,7 +184,8 @@ def _solved(base: fx.Node, t: float, name: str) -> tuple[fx.Node, float, str]:
             base, t, name = a, -t, _FLIPPED[name]
         elif op == "mul" and isinstance(value, fx.Node) and number != 0:
             base, t, name = value, t / number, name if number > 0 else _FLIPPED[name]
-        elif op == "div" and isinstance(a, fx.Node) and _is_number(b) and b != 0 and _arg(base, "rounding_mode") is None:
+        elif op == "div" and isinstance(a, fx.Node) and _is_number(b) and b != 0 \
+                and _arg(base, "rounding_mode") is None:
             base, t, name = a, t * b, name if b > 0 else _FLIPPED[name]
         elif op in ("add", "sub") and isinstance(value, fx.Node) and value is a and _arg(base, "alpha", 1) == 1:
             base, t = value, t - number if op == "add" else t + number
