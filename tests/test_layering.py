@@ -32,6 +32,26 @@ def test_no_import_cycles_and_no_upward_arrows():
     assert tool.violations(g) == []
 
 
+def test_the_checks_catch_an_upward_import_a_stage_calling_back_and_a_crowded_folder(tmp_path):
+    """The checks above pass on a house that breaks each rule: a planted one shows each check sees its fault."""
+    tool = _import_graph()
+    for folder in ("qlint/core", "qlint/cli", "qlint/capture", "tests/crowded"):
+        (tmp_path / folder).mkdir(parents=True)
+        (tmp_path / folder / "__init__.py").write_text("")
+    (tmp_path / "qlint/__init__.py").write_text("")
+    (tmp_path / "qlint/cli/main.py").write_text("import qlint.core.algebra\n")
+    (tmp_path / "qlint/core/algebra.py").write_text("from qlint.cli import main\n")  # floor 0 -> floor 9
+    (tmp_path / "qlint/capture/trace.py").write_text("from qlint.capture.pipeline import run\n")
+    (tmp_path / "qlint/capture/pipeline.py").write_text("run = None\n")
+    for i in range(13):
+        (tmp_path / f"tests/crowded/test_{i}.py").write_text("")
+    g = tool.graph(tmp_path)
+    assert tool.violations(g) == [("qlint.core.algebra", "qlint.cli.main")]
+    assert tool.cycles(g) == [["qlint.cli.main", "qlint.core.algebra"]]
+    assert tool.capture_order_violations(g) == [("qlint.capture.trace", "qlint.capture.pipeline")]
+    assert tool.crowded_folders(tmp_path) == {"tests/crowded": 13}
+
+
 def test_the_capture_stages_import_one_way():
     """qlint/capture/'s modules import only the ones below them in CAPTURE_ORDER (the pipeline last, the
     stages in the order it runs them); a new capture module must be given its place there."""
