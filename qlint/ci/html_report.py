@@ -12,6 +12,7 @@ the format and the notebook hook; this module only draws.
 
 from __future__ import annotations
 
+import collections
 import html
 import math
 from dataclasses import dataclass
@@ -30,6 +31,7 @@ CURVE_COLOUR = "#1f6fd1"  # a measured growth curve
 EDGE_COLOUR = "#6e6e78"  # the data flow's arrows: readable on the page's own white card
 
 NODE_WIDTH, NODE_HEIGHT, COLUMN, ROW_GAP, LANE, MARGIN, LINE = 250, 44, 270, 30, 14, 16, 15
+PARALLEL = 18  # the gap between the edges of one value into two operands of an op (x * x)
 OP_CHARACTERS, PLACE_CHARACTERS = 30, 36  # a box's lines of its op and q, and of its source line, wrap past these
 
 CSS = """
@@ -293,22 +295,27 @@ def _boxes(record: dict[str, Any]) -> tuple[list[list[int]], dict[int, _Box]]:
 
 def _edge_paths(record: dict[str, Any], layers: list[list[int]], boxes: dict[int, _Box]) -> list[str]:
     """SVG path data of each edge. One between neighbouring rows is a straight line through the gap
-    between them; a longer one (the skip X_k -> join) leaves through the gap below its source, runs down
-    a lane of its own right of every box and enters through the gap above its target: no edge crosses a
-    box."""
+    between them (a value's edges into two operands of one op side by side); a longer one (the skip
+    X_k -> join) leaves its source's right part through the gap below, runs down a lane of its own right of
+    every box and enters its target's right part through the gap above: no edge crosses a box."""
     row = {number: layer for layer, members in enumerate(layers) for number in members}
     right = max(box.x + NODE_WIDTH / 2 for box in boxes.values())
-    paths, lanes = [], 0
+    copies = collections.Counter(tuple(edge) for edge in record["edges"])
+    paths, lanes, drawn = [], 0, collections.Counter()
     for source, target in record["edges"]:
         a, b = boxes[source], boxes[target]
-        if row[target] == row[source] + 1:
-            paths.append(f"M{a.x:.1f},{a.bottom:.1f} L{b.x:.1f},{b.top:.1f}")
+        if row[target] == row[source] + 1:  # x * x: one line per operand, side by side
+            shift = (drawn[source, target] - (copies[source, target] - 1) / 2) * PARALLEL
+            drawn[source, target] += 1
+            paths.append(f"M{a.x + shift:.1f},{a.bottom:.1f} L{b.x + shift:.1f},{b.top:.1f}")
             continue
         lanes += 1
         lane = right + LANE * lanes
         below = a.bottom + ROW_GAP / 2 + (lanes % 3 - 1) * 4
         above = b.top - ROW_GAP / 2 + (lanes % 3 - 1) * 4
-        paths.append(f"M{a.x:.1f},{a.bottom:.1f} V{below:.1f} H{lane:.1f} V{above:.1f} H{b.x:.1f} V{b.top:.1f}")
+        side = NODE_WIDTH / 2 - 16 - 6 * (lanes % 4)  # off the centre, where the straight edges meet the box
+        paths.append(f"M{a.x + side:.1f},{a.bottom:.1f} V{below:.1f} H{lane:.1f} V{above:.1f} H{b.x + side:.1f} "
+                     f"V{b.top:.1f}")
     return paths
 
 

@@ -375,8 +375,8 @@ def derivation_graph(block: StreamBlock, env: dict, graph: GraphFacts, threshold
     The chain of :func:`derive` shows one path; this shows every op that depends on X_k, one node
     per (op, exponent, source line): an unrolled loop's copies are one node with their ``count``, and
     plumbing (views, getitem) is contracted into the edges. Edges run in graph order only (a loop's
-    way back would close a cycle), so the record is a DAG. ``dominant``: the index of the node where q
-    reached the block's value.
+    way back would close a cycle), so the record is a DAG; an edge is listed once per operand it feeds.
+    ``dominant``: the index of the node where q reached the block's value.
     """
     inputs = {block.stream: "block input X_k", **{node: "older stream value X_j" for node in block.older}}
     keys: dict[fx.Node, tuple] = {node: (label, "1", source_of(block.join if node is block.stream else node))
@@ -409,8 +409,29 @@ def derivation_graph(block: StreamBlock, env: dict, graph: GraphFacts, threshold
                     feeding[node] |= kept_parents(parent)
         return feeding[node]
 
-    edges = sorted({(index[keys[parent]], index[keys[node]]) for node in keys if node not in inputs
-                    for parent in kept_parents(node) if index[keys[parent]] < index[keys[node]]})
+    def operand_counts(node: fx.Node) -> collections.Counter:
+        """How many of ``node``'s operands each kept node feeds: x * x takes x twice, and is drawn with two
+        edges (a Hadamard product adds its operands' exponents, so both must be seen)."""
+        occurrences: list[fx.Node] = []
+        fx.node.map_arg((node.args, node.kwargs), occurrences.append)
+        values, counts = set(graph.parents.get(node, ())), collections.Counter(kept_parents(node))
+        fed = collections.Counter()
+        for operand in occurrences:
+            if operand in values:
+                fed.update([operand] if operand in keys else kept_parents(operand) if operand in inside else [])
+        return counts | fed
+
+    multiplicity: dict[tuple[int, int], int] = {}
+    for node in keys:
+        if node not in inputs:
+            drawn = collections.Counter()  # per drawn parent: two ops on one line are one node, a(x) * b(x) too
+            for parent, count in operand_counts(node).items():
+                drawn[index[keys[parent]]] += count
+            for parent_index, count in drawn.items():
+                edge = (parent_index, index[keys[node]])
+                if edge[0] < edge[1]:  # an unrolled loop's copies are one node: their edges are one edge
+                    multiplicity[edge] = max(multiplicity.get(edge, 0), count)
+    edges = [edge for edge in sorted(multiplicity) for _ in range(multiplicity[edge])]
     dominant_index = next((index[key] for node, key in keys.items() if dominant and node.name == dominant.node), None)
     return {"nodes": nodes, "edges": [list(edge) for edge in edges], "dominant": dominant_index}
 

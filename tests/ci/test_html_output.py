@@ -11,6 +11,7 @@ import subprocess
 from collections import Counter
 
 import pytest
+import torch
 from click.testing import CliRunner
 
 from qlint.analysis import Options, run_specs
@@ -288,3 +289,34 @@ def test_the_html_report_needs_no_numpy(tmp_path):
                           "--no-witness", "--no-cache"], cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert run.returncode == 1, run.stderr[-2000:]
     assert "numpy" not in run.stderr and _graphs(out.read_text()) >= 1
+
+
+class _Squares(torch.nn.Module):
+    """x + x * x (X_k into both operands of one product) and x + a(x) * b(x) (two values, one operand each)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.a, self.b = torch.nn.Linear(4, 4), torch.nn.Linear(4, 4)
+
+    def forward(self, x):
+        x = x + x * x
+        return x + self.a(x) * self.b(x)
+
+
+def test_both_operands_of_a_product_are_drawn_when_they_are_one_value():
+    """Issue 41: x * x adds x's exponent twice (q 2), so the graph has two edges from X_k into the product,
+    drawn side by side; a product of two values has one edge from each (two from one box where both are drawn
+    as one: two calls on one line)."""
+    from qlint.api import analyze
+
+    report = analyze(_Squares(), (torch.randn(2, 4),), isolated=True, witness=False)
+    square, gated = (block.extra["derivation_graph"] for block in report.blocks)
+    assert [(node["op"], node["q"]) for node in square["nodes"]] == [
+        ("block input X_k", "1"), ("Hadamard product", "2"), ("Sum", "2")]
+    assert square["edges"] == [[0, 1], [0, 1], [0, 2], [1, 2]]
+    layers, boxes = html_report._boxes(square)
+    paths = html_report._edge_paths(square, layers, boxes)
+    assert len(set(paths)) == 4 and sum(" H" in path for path in paths) == 1  # two side by side, the skip routed
+    product = [node["op"] for node in gated["nodes"]].index("Hadamard product")
+    linear = [node["op"] for node in gated["nodes"]].index("Affine layer (Linear)")  # a and b: one line, one box
+    assert [edge for edge in gated["edges"] if edge[1] == product] == [[linear, product], [linear, product]]
