@@ -167,7 +167,9 @@ def analyse(group: str) -> dict:
     models = json.loads(proc.stdout)["models"]
     assert [m["spec"].rsplit(":", 1)[1] for m in models] == names
     refused = any(EXPECTED[name].verdict != "certified" for name in names)
-    assert proc.returncode == (1 if refused else 0), proc.stderr[-2000:]  # exit 1: only where a model is refused
+    errors = {m["spec"]: [f"{f['code']} {f['message']}" for f in m["findings"] if f["severity"] == "error"]
+              for m in models}
+    assert proc.returncode == (1 if refused else 0), {spec: found for spec, found in errors.items() if found}
     return dict(zip(names, models))
 
 
