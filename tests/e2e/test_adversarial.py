@@ -58,7 +58,6 @@ CONSERVATIVE = {
     "c1_topk.py:topk_absmean_gate": "h / (mean of the top-k |h| + eps): a top-k statistic is not in the normalisation catalogue",
     "r10_wrap.py:small_scale_interval_safe": "a comparison of c v with a number is read as one of v in floating dtypes only (an integer product wraps past its range): here the integers do not reach it",
     "r10_wrap.py:small_scale_abs_safe": "the same for |v| scaled by an integer",
-    "r10_ratio.py:addend_unscaled_safe": "relu(r - 1) of a ratio r <= 1 is exactly 0, but a product with a factor whose range is [0, 0] keeps the other factor's exponent",
     "r10_sizes.py:bincount_minlength_safe": "bincount's length depends on the values (max + 1): refused even where minlength covers every value the input can take",
     "c1_graph.py:gat_global_shift": "exp(e - e.max()) with one global maximum, scattered: the max shift is read over the same group as the sum only",
     "c1_mhc.py:mhc_sinkhorn_tanh": "a hyper-connection stream mixed by a doubly-stochastic matrix has no identity term: no block is found and the model is uncovered",

@@ -71,6 +71,11 @@ def q_of(branch, *, mode=None, inputs=True):
         (lambda m, h: F.smooth_l1_loss(h, h.detach() ** 3, reduction="none"), 3),  # the target's exponent
         (lambda m, h: F.mse_loss(h, torch.zeros_like(h)) * h, 3),  # a mean keeps the exponent
         (lambda m, h: F.max_pool1d(h, 3, 1, 1), 1),  # F.max_pool1d is `fn(*args, **kwargs)`: bound as it dispatches
+        (lambda m, h: h * h * torch.relu(torch.sigmoid(h) - 1), 0),  # relu of a value <= 0 is exactly 0
+        (lambda m, h: h * h * torch.relu(torch.sigmoid(h) - 0.5), 2),  # in [0, 0.5]: not 0
+        (lambda m, h: h * F.relu6(-torch.sigmoid(h)) * h, 0),  # relu6 of a value <= 0 too, as a middle factor
+        (lambda m, h: torch.exp(h) * torch.relu(torch.sigmoid(h) - 1), math.inf),  # 0 * inf is NaN
+        (lambda m, h: (h / (h - h.detach())) * torch.relu(-torch.sigmoid(h)), None),  # 0 * a pole: unknown
     ],
 )
 def test_exponent(branch, q):

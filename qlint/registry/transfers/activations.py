@@ -16,19 +16,21 @@ from qlint.registry.transfers.combinators import (
 )
 
 
+FIXED_CLAMPS = {"relu6": (0.0, 6.0), "relu": (0.0, math.inf)}  # the activations that are clamps to fixed bounds
+
+
 @transfer("hardtanh")
 def hardtanh(call: Call, entry: Any) -> Any:
-    """hardtanh(x, lo, hi) is a clamp to [lo, hi]."""
+    """hardtanh(x, lo, hi) is a clamp to [lo, hi], relu6 and relu clamps to [0, 6] and [0, inf): the input's
+    range clamped, exactly (relu of a value in [-1, 0] is 0, not merely non-negative)."""
     x = call.growth("input")
-    low, high = call.param("min_val", -1.0), call.param("max_val", 1.0)
-    if entry.id == "relu6":
-        low, high = 0.0, 6.0
+    low, high = FIXED_CLAMPS.get(entry.id, (call.param("min_val", -1.0), call.param("max_val", 1.0)))
     if x is None:
         return CONSTANT
     if x.real is False:
-        return unknown("hardtanh of a complex value")
+        return unknown(f"{entry.name} of a complex value")
     if not (is_number(low) and is_number(high)):
-        return unknown("hardtanh with bounds qlint cannot read")
+        return unknown(f"{entry.name} with bounds qlint cannot read")
     lo_g, hi_g = clamp_bound(low, -math.inf), clamp_bound(high, math.inf)
     r = range_of(x)
     if lo_g is not None:

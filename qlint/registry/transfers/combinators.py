@@ -48,8 +48,19 @@ def combine_max(*growths: Optional[Growth], r: Range = ANY, real: Any = "auto") 
 
 
 def combine_product(*growths: Optional[Growth], r: Range = ANY, real: Any = "auto") -> Growth:
-    """Theorem 9(iii): a (multi)linear product of the inputs has the sum of their exponents."""
+    """Theorem 9(iii): a (multi)linear product of the inputs has the sum of their exponents.
+
+    A real factor that is exactly 0 for every input and parameter value (range [0, 0]) makes the product 0
+    when every other factor is finite, which a known exponent says (a polynomial bound): 0 t = 0 for finite t,
+    while 0 inf is NaN, so a factor of unknown or infinite exponent keeps the exponents' sum."""
+    present = [g for g in growths if g is not None]
+    if any(_is_zero(g) for g in present) and all(g.known or not g.depends for g in present):
+        r = domain.point(0.0)
     return _combined(algebra.hadamard, growths, r, real)
+
+
+def _is_zero(g: Growth) -> bool:
+    return g.real is True and g.range.lo == 0.0 == g.range.hi
 
 
 def _combined(rule: Any, growths: tuple[Optional[Growth], ...], r: Range, real: Any) -> Growth:
