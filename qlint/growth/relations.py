@@ -732,9 +732,17 @@ def _own_max_shift(node: fx.Node) -> Optional[OwnMaxShift]:
         pass
     else:
         return None
-    if strip_exact(_arg(shift, "input")) is not source or not _keeps_dims(shift):
+    if strip_exact(_arg(shift, "input")) is not source or not (_keeps_dims(shift) or _over_everything(shift)):
         return None
     return OwnMaxShift(source)
+
+
+def _over_everything(statistic: fx.Node) -> bool:
+    """A reduction of every entry to one number (``s.max()``, ``s.amax()``): at least every entry of s wherever
+    it broadcasts, so s minus it is <= 0 in every group a later sum takes (PyG's global shift)."""
+    source = _arg(statistic, "input")
+    return (_arg(statistic, "dim") in (None, (), []) and shape_of(statistic) == () and shape_of(source) is not None
+            and keeps_values(source, statistic))
 
 
 __all__ = ["Normalisation", "OwnMaxShift", "OwnShiftRatio", "OwnSumRatio", "find", "match_normalisation", "strip"]

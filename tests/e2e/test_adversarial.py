@@ -59,7 +59,6 @@ CONSERVATIVE = {
     "r10_wrap.py:small_scale_interval_safe": "a comparison of c v with a number is read as one of v in floating dtypes only (an integer product wraps past its range): here the integers do not reach it",
     "r10_wrap.py:small_scale_abs_safe": "the same for |v| scaled by an integer",
     "r10_sizes.py:bincount_minlength_safe": "bincount's length depends on the values (max + 1): refused even where minlength covers every value the input can take",
-    "c1_graph.py:gat_global_shift": "exp(e - e.max()) with one global maximum, scattered: the max shift is read over the same group as the sum only",
     "c1_mhc.py:mhc_sinkhorn_tanh": "a hyper-connection stream mixed by a doubly-stochastic matrix has no identity term: no block is found and the model is uncovered",
     "c1_mhc.py:mhc_sinkhorn_rmsnorm": "the same hyper-connection with an RMSNorm on the mixing logits: no identity term, no block",
     "c1_routing.py:moe_top2_capacity": "a capacity int(cf n k / E) computed from the batch size: each size is another graph, and past two other shapes analysed the rest are uncovered",

@@ -51,6 +51,8 @@ EXPECTED = {  # factory: (verdict, max q)
     "softmax_one_capped": ("supercritical", None),  # exp(s - min(max s, 0)): faster than any power
     "edge_softmax_index_add": ("certified", 1.0),
     "edge_softmax_read_at_source": ("uncertified", None),  # the sum read back in another group
+    "edge_softmax_global_shift": ("certified", 1.0),  # s - s.max(): one maximum is >= every group's entries
+    "edge_softmax_partial_shift": ("uncertified", None),  # the maximum of some edges only
     "overflow_penalty": ("certified", 0.0),  # u * u * relu(p - 1): a factor exactly 0
     "overflow_penalty_open": ("supercritical", 2.0),  # relu(p - 0.5) opens
     "overflow_penalty_of_exp": ("supercritical", None),  # exp(u) * 0 is NaN where exp(u) overflows
