@@ -219,6 +219,8 @@ class _Statistic:
     centred: bool
     rooted: bool  # already a homogeneous (degree 1) statistic
     rounding: float = 0.0  # how far below max |x_i| the computed statistic may round (a p-norm through pow)
+    spread: float = 1.0  # max |x_i| <= spread * statistic (the mean of the k largest |x_i|: k)
+    what: Optional[str] = None  # how a normalisation by it reads, where the kind does not say
 
 
 def _squared(node: Any) -> Optional[fx.Node]:
@@ -284,6 +286,9 @@ def _statistic(node: Any) -> Optional[_Statistic]:
     node = _tuple_part(node, 0) or node
     op = _op(node)
     if op in ("mean", "sum"):
+        top = _top_magnitudes(node)
+        if top is not None:
+            return top
         base = _squared(_arg(node, "input"))
         if base is None or not _keeps_dims(node):
             return None
@@ -321,6 +326,27 @@ def _statistic(node: Any) -> Optional[_Statistic]:
     if op == "abs":
         return _Statistic(base=strip(_arg(node, "input")), kind="abs", reduction=None, centred=False, rooted=True)
     return None
+
+
+def _top_magnitudes(reduction: fx.Node) -> Optional[_Statistic]:
+    """The sum or mean of ``topk(|x|, k, dim).values`` over that dim: the k largest |x_i| hold max |x_i|, so
+    the sum is at least max |x_i| and the mean at least max |x_i| / k (the terms are non-negative, so rounding
+    never takes a partial sum below one of them; the division by k rounds by less than 1 % even in bfloat16)."""
+    values = strip(_arg(reduction, "input"))
+    top = strip(_arg(values, "input"))
+    if not ((_op_name(values) == "getitem" and _arg(values, "index") == 0)
+            or (_op(values) == "getattr" and _arg(values, "name") == "values")):
+        return None
+    k = _arg(top, "k")
+    if (_op_name(top) != "topk" or _arg(top, "largest", True) is not True or not isinstance(k, int) or k < 1
+            or _op(strip(_arg(top, "input"))) != "abs" or not _keeps_dims(reduction)
+            or _dims(reduction) is None or _dims(reduction) != _dims(top)):
+        return None
+    mean = _op(reduction) == "mean"
+    return _Statistic(base=strip(_arg(strip(_arg(top, "input")), "input")), kind="norm", reduction=reduction,
+                      centred=False, rooted=True, rounding=1e-2 if mean else 0.0, spread=float(k) if mean else 1.0,
+                      what=f"x / (the {'mean' if mean else 'sum'} of its k largest |x| + eps) (at least max |x|"
+                           f"{' / k' if mean else ''})")
 
 
 def _more_entries_than_correction(node: fx.Node) -> bool:
@@ -484,7 +510,7 @@ def _proves(numerator: Any, den: Optional[_Denominator]) -> Optional[str]:
                 else "x / sqrt(mean(x^2) + eps) (RMSNorm written out)")
     if stat.kind == "ss":
         return "x / sqrt(sum(x^2) + eps) (L2 normalization written out)"
-    return "x / (||x||_p + eps) (L2 normalization written out)"
+    return stat.what or "x / (||x||_p + eps) (L2 normalization written out)"
 
 
 def _centred_alike(centred: tuple[fx.Node, fx.Node], base: fx.Node, numerator: fx.Node, reduction: fx.Node) -> bool:
@@ -507,7 +533,7 @@ def _bound(den: _Denominator) -> Optional[float]:
     if den.squared:
         return None  # bounded, by a constant that depends on eps
     if stat.kind in ("ss", "norm", "abs"):
-        return (1.0 + stat.rounding) / den.scale
+        return (1.0 + stat.rounding) * stat.spread / den.scale
     if stat.reduction is None:
         return None
     group = _group_size(stat.reduction)

@@ -55,7 +55,6 @@ CONSERVATIVE = {
     "r1_buffers.py:denorm_with_running_std_safe": "a buffer the forward writes (running statistics) read by value outside BatchNorm is unknown",
     # review c1 (issue 39's safe controls): the 12 of 60 still refused, each with the rule it lacks
     "c1_masked.py:timesfm_masked_revin": "mean and spread over a data-dependent 0/1 mask: no normalisation rule takes masked statistics (only an all-ones mask is rewritten to a mean)",
-    "c1_topk.py:topk_absmean_gate": "h / (mean of the top-k |h| + eps): a top-k statistic is not in the normalisation catalogue",
     "r10_wrap.py:small_scale_interval_safe": "a comparison of c v with a number is read as one of v in floating dtypes only (an integer product wraps past its range): here the integers do not reach it",
     "r10_wrap.py:small_scale_abs_safe": "the same for |v| scaled by an integer",
     "r10_sizes.py:bincount_minlength_safe": "bincount's length depends on the values (max + 1): refused even where minlength covers every value the input can take",

@@ -53,6 +53,9 @@ EXPECTED = {  # factory: (verdict, max q)
     "edge_softmax_read_at_source": ("uncertified", None),  # the sum read back in another group
     "edge_softmax_global_shift": ("certified", 1.0),  # s - s.max(): one maximum is >= every group's entries
     "edge_softmax_partial_shift": ("uncertified", None),  # the maximum of some edges only
+    "top_k_scale": ("certified", 1.0),  # h / mean of the 3 largest |h|: in [-3, 3]
+    "top_k_scale_of_the_smallest": ("uncertified", None),  # the 3 smallest |h| may be 0
+    "top_k_scale_of_another_value": ("uncertified", None),  # the largest |u| say nothing of h
     "overflow_penalty": ("certified", 0.0),  # u * u * relu(p - 1): a factor exactly 0
     "overflow_penalty_open": ("supercritical", 2.0),  # relu(p - 0.5) opens
     "overflow_penalty_of_exp": ("supercritical", None),  # exp(u) * 0 is NaN where exp(u) overflows
