@@ -72,11 +72,12 @@ POLE_DELTAS = [10.0 ** -k for k in range(1, 11)]
 
 @dataclass
 class Case:
-    spec: str  # "FILE.py:FACTORY", relative to fixtures/adversarial
+    spec: str  # "FILE.py:FACTORY", relative to fixtures/adversarial (or, failing that, to its CASES file)
     expect: str  # "safe" | "unsafe"
     q_true: Any  # float, "inf" or "pole"
     family: int
     why: str
+    folder: Path = ADVERSARIAL  # the folder FILE.py lies in
 
     @property
     def file(self) -> str:
@@ -88,19 +89,22 @@ class Case:
 
     @property
     def cli_spec(self) -> str:
-        """The spec as the CLI takes it, relative to the repository root."""
-        return f"fixtures/adversarial/{self.spec}"
+        """The spec as the CLI takes it, relative to the repository root where it lies inside."""
+        folder = self.folder.resolve()
+        where = folder.relative_to(ROOT) if folder.is_relative_to(ROOT) else folder
+        return f"{where.as_posix()}/{self.spec}" if self.folder != ADVERSARIAL else f"fixtures/adversarial/{self.spec}"
 
 
 def load_cases(paths: Optional[list[Path]] = None) -> list[Case]:
     cases = []
-    for spec, entry in _entries(paths or CASES_FILES):
+    for spec, entry, source in _entries(paths or CASES_FILES):
         q = entry["q_true"]
         if not isinstance(q, str):
             q = float(q)
         elif q not in ("inf", "pole"):
             raise ValueError(f"{spec}: q_true must be a number, 'inf' or 'pole', not {q!r}")
-        case = Case(spec, entry["expect"], q, int(entry["family"]), entry["why"])
+        folder = ADVERSARIAL if (ADVERSARIAL / spec.split(":")[0]).exists() else source.parent  # a review's own folder
+        case = Case(spec, entry["expect"], q, int(entry["family"]), entry["why"], folder)
         if case.expect not in ("safe", "unsafe"):
             raise ValueError(f"{spec}: expect must be 'safe' or 'unsafe'")
         unsafe = isinstance(q, str) or q > 1
@@ -110,14 +114,14 @@ def load_cases(paths: Optional[list[Path]] = None) -> list[Case]:
     return cases
 
 
-def _entries(paths: list[Path]) -> list[tuple[str, dict]]:
-    entries: dict[str, dict] = {}
+def _entries(paths: list[Path]) -> list[tuple[str, dict, Path]]:
+    entries: dict[str, tuple[str, dict, Path]] = {}
     for path in paths:
         for spec, entry in tomllib.loads(path.read_text())["cases"].items():
             if spec in entries:
                 raise ValueError(f"{spec} is labelled twice ({path.name})")
-            entries[spec] = entry
-    return list(entries.items())
+            entries[spec] = (spec, entry, path)
+    return list(entries.values())
 
 
 _MODULES: dict[str, Any] = {}
@@ -126,7 +130,7 @@ _MODULES: dict[str, Any] = {}
 def factory_of(case: Case) -> Callable:
     """Import fixtures/adversarial/FILE.py (once) and return the factory."""
     if case.file not in _MODULES:
-        path = (ADVERSARIAL / case.file).resolve()
+        path = (case.folder / case.file).resolve()
         # the fixtures' shared harness (common.py) is their folder's own: the CLI imports it from the spec's folder
         sys.path.insert(0, str(path.parent))
         sys.modules.pop("common", None)

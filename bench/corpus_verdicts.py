@@ -47,8 +47,12 @@ def main(argv: list[str] | None = None) -> int:
     cases = {}
     for corpus in args.corpora:
         for spec, entry in tomllib.loads(corpus.read_text())["cases"].items():
-            # a spec is relative to fixtures/adversarial, wherever its CASES file lies (pending/ too)
-            cases[str((ROOT / "fixtures" / "adversarial" / spec).resolve())] = (corpus.name, entry)
+            # a spec is relative to fixtures/adversarial, wherever its CASES file lies (pending/ too), or else to
+            # its CASES file's own folder (a review's cases, before they join the suite)
+            path = ROOT / "fixtures" / "adversarial" / spec
+            if not path.with_name(path.name.split(":")[0]).exists():
+                path = corpus.resolve().parent / spec
+            cases[str(path.resolve())] = (corpus.name, entry)
     report, seconds = run(list(cases), args.qlint_root)
     families: dict[tuple[str, int], list[int]] = {}
     wrong = []

@@ -32,6 +32,7 @@ FLOORS = {
     "qlint.lint": 4,
     "qlint.analysis": 5,
     "qlint.coverage": 5,
+    "qlint.velocity": 5,  # what the probe, the witness and the monitor measure: a block's velocity, the bounds
     "qlint.ci": 6,
     "qlint.probe": 6,
     "qlint.remedies": 6,

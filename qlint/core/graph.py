@@ -231,9 +231,12 @@ class GraphFacts:
             if node in self.data or node.op in ("placeholder", "get_attr", "output"):
                 continue
             info = facts(node)
-            if info.meta_output:
-                continue
-            sources = info.region_inputs if info.declared is not None and info.region_inputs else info.value_inputs
+            if info.meta_output:  # a size of its input, but at a dim the input's values choose is one of them
+                sources = () if info.bound is None else tuple(
+                    value for name, argument in info.bound.arguments.items() if name != "input"
+                    for value in Bound({name: argument}, {}).nodes())
+            else:
+                sources = info.region_inputs if info.declared is not None and info.region_inputs else info.value_inputs
             parents = [p for p in sources if p in self.data]
             if parents:
                 self.data.add(node)
@@ -247,32 +250,44 @@ class GraphFacts:
         output = next((n for n in reversed(self.nodes) if n.op == "output"), None)
         self.sinks: list[fx.Node] = [n for n in (output.all_input_nodes if output is not None else [])
                                      if n in self.data]
-        self.variable_length = self._variable_length()
+        self._variable: Optional[set[fx.Node]] = None
         self._index = {node: i for i, node in enumerate(n for n in self.nodes if n in self.data)}
         self._ancestors: Optional[dict[fx.Node, int]] = None
         self._ipdom: Optional[dict[fx.Node, Optional[fx.Node]]] = None
         self._constants: Optional[fx.Interpreter] = None  # evaluates input-independent nodes, memoised
         self.example: Optional[tuple] = None  # the example inputs, whose shapes shape-derived values are read at
 
+    @property
+    def variable_length(self) -> set[fx.Node]:
+        """Nodes whose shape may depend on the input's *values*, not only its shape: an op outside the
+        registry (it may return anything), an op given a size, a count or a padding computed from the data
+        (``zeros(int(x.max()))``, ``repeat_interleave(v, counts(x))``), an op that cannot compute its output
+        on fake data inputs (:class:`~qlint.core.fake_run.FakeRun`: ``x[mask]``, ``eye(1, m)``), and everything
+        computed from such a value. Every other size is a function of the input shapes: a constant as far as
+        magnitude goes (:meth:`GrowthProp.sizes`). Computed once the example is known (a length read off its
+        shape runs)."""
+        if self._variable is None:
+            self._variable = self._variable_length()
+        return self._variable
+
     def _variable_length(self) -> set[fx.Node]:
-        """Data nodes whose shape may depend on the input's *values*, not only its shape: an op
-        outside the registry (it may return anything), an op given a size, a count or a padding
-        computed from the data (``zeros(int(x.max()))``, ``repeat_interleave(v, counts(x))``), and
-        everything computed from such a value. Every other size is a function of the input
-        shapes: a constant as far as magnitude goes (:meth:`GrowthProp.sizes`)."""
+        from qlint.core.fake_run import FakeRun
+
         out: set[fx.Node] = set()
+        run = FakeRun(self.module, self.data, self.constant, self._example_device())
         for node in self.nodes:
-            if node not in self.data or node.op == "placeholder":
+            if node.op in ("placeholder", "get_attr", "output") or "qlint" not in node.meta:
                 continue
+            data_inputs = [p for p in node.all_input_nodes if p in self.data]
             info = facts(node)
-            if info.meta_output:
+            if not data_inputs or info.meta_output:
                 continue
             unknown_op = info.primitive is None and info.declared is None or _dynamic_output_shape(node)
             sized = info.bound is not None and any(
                 value in self.data for name, argument in info.bound.arguments.items()
                 if name in SIZE_ARGUMENTS or (info.bound.positional and name != "input") or op_name(node) in SEQUENCES
                 for value in Bound({name: argument}, {}).nodes())
-            if unknown_op or sized or any(p in out for p in self.parents.get(node, ())):
+            if unknown_op or sized or any(p in out for p in data_inputs) or run.needs_values(node):
                 out.add(node)
         return out
 
@@ -322,6 +337,12 @@ class GraphFacts:
         except Exception:  # a parameter expression that cannot run here (meta tensors)
             return None
         return env[node]
+
+    def _example_device(self) -> torch.device:
+        """Where the example lies (the meta device for a model built there), else where the weights do."""
+        tensors = [t for t in (self.example or ()) if isinstance(t, torch.Tensor)]
+        tensors += list(self.module.parameters())[:1] + list(self.module.buffers())[:1]
+        return tensors[0].device if tensors else torch.device("cpu")
 
     def _example_value(self, placeholder: fx.Node) -> Any:
         placeholders = [n for n in self.nodes if n.op == "placeholder"]

@@ -232,6 +232,8 @@ class GrowthProp(fx.Interpreter):
         (:attr:`GraphFacts.variable_length`) is unknown."""
         if any(p in self.graph_facts.variable_length for p in n.all_input_nodes):
             return unknown("the size of a value whose length may depend on the input's values")
+        if n in self.graph_facts.data:
+            return unknown("a size read at a dim the input's values choose")
         name = op_name(n)
         bound = facts(n).bound
         argument = bound.arguments.get("name") if bound is not None else None
@@ -284,7 +286,7 @@ class GrowthProp(fx.Interpreter):
                     ok = not self._arbitrary(target) or (thresholds and self._frozen_float(target))
                 elif node.op in ("call_function", "call_method") and "qlint" in node.meta and facts(node).meta_output:
                     # a size of the input (a dynamic export's sym_size): one number per shape, the example's here
-                    ok = (self.graph_facts.example is not None
+                    ok = (self.graph_facts.example is not None and node not in self.graph_facts.data
                           and not any(p in self.graph_facts.variable_length for p in node.all_input_nodes))
                 elif node.op in ("call_function", "call_method"):
                     ok = pure_call(node) and all(p in fixed for p in node.all_input_nodes)

@@ -15,7 +15,7 @@ leave the training dtype (:func:`overflow_depth`). Neither says when a run will 
 and a q <= 1 model whose per-block gain is large (Remark 6's exponential regime) can
 diverge in its loss without either firing; results/README.md has the measurements.
 
-Each block's velocity is the probe's (:class:`qlint.probe.velocity.VelocityField`): the
+Each block's velocity is the probe's (:class:`qlint.velocity.field.VelocityField`): the
 block's region of the traced graph re-run with X_k := sX_k, everything else as recorded.
 The graph shares the model's parameters, so the figures are those of the weights as
 they are now. Nothing is attached to the model: measuring runs the traced graph.
@@ -42,8 +42,8 @@ from qlint.growth.stream import StreamBlock
 from qlint.core.errors import QlintError
 from qlint.capture.graph_check import shares_parameters
 from qlint.capture.trace import TraceFailure
-from qlint.probe import bounds as probe_bounds
-from qlint.probe.velocity import Trajectory, VelocityField
+from qlint.velocity import bounds as paper_bounds
+from qlint.velocity.field import Trajectory, VelocityField
 
 __all__ = ["DEFAULT_SCALES", "ESCAPE_MARGIN", "MonitorError", "RUNAWAY_EXPONENT", "StreamMonitor", "escape_scale",
            "first_warning", "monitor", "overflow_depth", "top_exponent", "warning_for"]
@@ -78,7 +78,7 @@ def overflow_depth(records: Sequence[dict], dtype: torch.dtype) -> Optional[int]
     (s_lo r_k)^(1 - q_k), meets both measurements. q_k is floored at 1: below it the gain
     falls with the norm, and the linear bound with the smaller scale's gain covers every
     larger norm. The paper's layerwise recursion r_{k+1} = r_k + c_k r_k^q_k
-    (:func:`qlint.probe.bounds.step`) from the first block's r_0 then bounds the stream.
+    (:func:`qlint.velocity.bounds.step`) from the first block's r_0 then bounds the stream.
     With equal gains g it is (1 + g)^k r_0, past M after k* = log(M / r_0) / log(1 + g)
     blocks (Remark 6: g = 1 leaves float16 after 16 blocks); a gain that grows with s
     (q_k > 1) shortens it. An extrapolation from the measured scales, an early warning,
@@ -95,7 +95,7 @@ def overflow_depth(records: Sequence[dict], dtype: torch.dtype) -> Optional[int]
         return None
     limit, r = float(torch.finfo(dtype).max), records[0]["stream_norm"]
     for depth, block in enumerate(constants, 1):
-        r = probe_bounds.step(r, block)
+        r = paper_bounds.step(r, block)
         if r > limit:
             return depth
     return None
@@ -208,7 +208,7 @@ def _gain_text(record: dict) -> str:
                      for s, g in record["gain"].items())
 
 
-def _power_law(record: dict) -> Optional[probe_bounds.BlockConstants]:
+def _power_law(record: dict) -> Optional[paper_bounds.BlockConstants]:
     """``c ||x||^q`` through the gains at the smallest and largest measured scale (q >= 1)."""
     gains = {float(s): g for s, g in record["gain"].items()}
     if any(g is None for g in gains.values()):
@@ -216,10 +216,10 @@ def _power_law(record: dict) -> Optional[probe_bounds.BlockConstants]:
     low, high = min(gains), max(gains)
     r = record["stream_norm"]
     if gains[low] == 0.0 or gains[high] == 0.0 or r == 0.0:  # a velocity below sX's precision: no power law
-        return probe_bounds.BlockConstants(1.0, max(gains.values()), 0.0)
+        return paper_bounds.BlockConstants(1.0, max(gains.values()), 0.0)
     q = 1.0 if high == low else max(1.0, 1.0 + math.log(gains[high] / gains[low]) / math.log(high / low))
     log_c = math.log(gains[low]) + (1.0 - q) * math.log(low * r)
-    return probe_bounds.BlockConstants(q, math.exp(log_c) if log_c < 709.0 else math.inf, 0.0)
+    return paper_bounds.BlockConstants(q, math.exp(log_c) if log_c < 709.0 else math.inf, 0.0)
 
 
 def _signature(inputs: tuple) -> tuple:

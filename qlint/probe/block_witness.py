@@ -16,7 +16,7 @@ measurements look for such a contradiction, in float64 where the code runs so:
   trace did not take all show here. It needs a floating input to scale (token ids cannot be);
   the other inputs keep their example values.
 * **Each certified block**, on the traced graph: its region re-run with X_k := s·d, everything
-  else as recorded (:class:`~qlint.probe.velocity.VelocityField`), the same scales, directions
+  else as recorded (:class:`~qlint.velocity.field.VelocityField`), the same scales, directions
   and parameter settings. This tells *which* block a contradiction is in.
 
 A measurement **refutes** when the value is inf or NaN there, or grows faster than the
@@ -43,7 +43,7 @@ import torch
 from qlint.growth.engine import Analysis
 from qlint.core.graph import facts
 from qlint.capture.harness import tensor_outputs
-from qlint.probe.velocity import Trajectory, VelocityField, widen
+from qlint.velocity.field import Trajectory, VelocityField, widen
 from qlint.probe.spectral import log_norm
 from qlint.probe.witness import AS_BUILT, directions, redraw
 

@@ -36,7 +36,7 @@ from qlint.lint.looped import carry_value, find_loops
 from qlint.lint.rule import rule
 from qlint.probe.init import StackLayer, rms
 from qlint.probe.measure import ModelProbe, significant
-from qlint.probe.velocity import Trajectory
+from qlint.velocity.field import Trajectory
 
 CODES = ("QL401", "QL402", "QL403", "QL404", "QL405")
 

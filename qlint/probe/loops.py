@@ -40,7 +40,7 @@ from qlint.lint.rule import rule
 from qlint.lint.graph_queries import argument, is_normalizer
 from qlint.lint.looped import Loop, carry_value, cone, find_loops
 from qlint.probe.measure import ProbeError, significant, trace_float64
-from qlint.probe.velocity import Trajectory
+from qlint.velocity.field import Trajectory
 from qlint.probe.spectral import Estimate, arnoldi_spectral_radius, dense_spectrum, lanczos_operator_norm, stable_norm
 
 

@@ -10,9 +10,9 @@ in the sampled directions.
 
 From the same samples the probe estimates each block's constants c_k, b_k and, by
 power iteration on Jacobian-vector products, the operator norm L_k of the velocity
-Jacobian on the example trajectory (the velocity as a function of X_k is :mod:`qlint.probe.velocity`'s,
+Jacobian on the example trajectory (the velocity as a function of X_k is :mod:`qlint.velocity.field`'s,
 the linear algebra :mod:`qlint.probe.spectral`'s);
-:mod:`qlint.probe.bounds` turns them into the paper's forward and backward bounds and
+:mod:`qlint.velocity.bounds` turns them into the paper's forward and backward bounds and
 overflow depths, :mod:`qlint.probe.init` adds the initialization diagnostics.
 """
 
@@ -35,11 +35,11 @@ from qlint.core.errors import QlintError
 from qlint.core.results import ModelReport, Report
 from qlint.capture.harness import tensor_outputs
 from qlint.capture.trace import non_finite_parameters
-from qlint.probe import bounds as probe_bounds
+from qlint.velocity import bounds as paper_bounds
 from qlint.core import curves as growth_curves
 from qlint.probe import init as probe_init
 from qlint.probe.spectral import least_squares_slope, log_norm, operator_norm, stable_norm
-from qlint.probe.velocity import Trajectory, VelocityField
+from qlint.velocity.field import Trajectory, VelocityField
 from qlint.probe.witness import AS_BUILT, directions, perturbations
 
 TOLERANCE = 0.05  # absolute, on exponents: |measured - static| within it counts as equal
@@ -583,7 +583,7 @@ class ModelProbe:
 
     report: ModelReport
     blocks: list[BlockProbe]
-    bounds: probe_bounds.StackBounds
+    bounds: paper_bounds.StackBounds
     init: probe_init.InitDiagnostics
     seconds: float
     graph_mismatches: list[str] = field(default_factory=list)  # where the traced graph is not the eager model
@@ -686,16 +686,16 @@ def probe_model(
     return result
 
 
-def _bounds(analysis: Analysis, trajectory: Trajectory, blocks: list[BlockProbe]) -> probe_bounds.StackBounds:
+def _bounds(analysis: Analysis, trajectory: Trajectory, blocks: list[BlockProbe]) -> paper_bounds.StackBounds:
     x0 = stable_norm(trajectory.values[analysis.stream.blocks[0].stream]) if blocks else 0.0
     constants = [
-        probe_bounds.BlockConstants(block.q_static, block.c, block.b)
+        paper_bounds.BlockConstants(block.q_static, block.c, block.b)
         if block.c is not None and block.b is not None
         else None
         for block in blocks
     ]
     lipschitz = [block.lipschitz for block in blocks]
-    bounds = probe_bounds.stack_bounds(x0, constants, lipschitz, [block.name for block in blocks])
+    bounds = paper_bounds.stack_bounds(x0, constants, lipschitz, [block.name for block in blocks])
     post_norm = [b.name for b in analysis.report.blocks if b.form == "post-norm"]
     if post_norm:
         outside = f"{', '.join(post_norm)} is post-norm: outside the additive analysis"

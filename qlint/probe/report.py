@@ -12,7 +12,7 @@ from rich.text import Text
 from qlint.ci.render import fit_cells, make_console
 from qlint.core.algebra import format_q
 from qlint.probe.measure import BlockProbe, ModelProbe
-from qlint.probe.bounds import FLOAT_FORMATS, StackBounds
+from qlint.velocity.bounds import FLOAT_FORMATS, StackBounds
 from qlint.probe.init import InitDiagnostics
 from qlint.probe import logs as init_logs
 

@@ -80,13 +80,13 @@ def figure1(
     """Plot Figure 1 and return {(c, q, format): overflow depth} (:func:`overflow_depth`, None past 10 000).
 
     One log-y panel, r_k = ||X_k|| against the layer k <= ``depth`` for r_{k+1} = r_k + c·r_k^q
-    (:func:`qlint.probe.bounds.step`): a colour per q, a line style per c, the fp16 and bf16/fp32
+    (:func:`qlint.velocity.bounds.step`): a colour per q, a line style per c, the fp16 and bf16/fp32
     maxima as horizontal lines, a marker and the layer number where a curve first exceeds one of
     them; a curve past the top of the axes is clipped there (▲). Beside it a linear-y panel of
     the first layers at the smallest c: the "tame at initialisation" view, in which q > 1 cannot
     be told from q <= 1 until it takes off.
     """
-    from qlint.probe.bounds import BlockConstants, step
+    from qlint.velocity.bounds import BlockConstants, step
 
     plt = _pyplot()
     top = 1e45  # the y-axis ceiling: seven decades above the fp32 maximum

@@ -392,7 +392,7 @@ def test_the_witness_tells_a_dtypes_range_from_growth(monkeypatch, square, refut
     float64 for that block alone: a linear block that only overflows float32 is not refuted, growth still
     is (measured on the wide block: here q 2, forced through the certificate by a declared q 1)."""
     from qlint.probe import block_witness
-    from qlint.probe.velocity import Trajectory, VelocityField
+    from qlint.velocity.field import Trajectory, VelocityField
 
     monkeypatch.setattr(block_witness, "WIDE_LIMIT", 0)
     torch.manual_seed(0)
