@@ -1,13 +1,15 @@
-"""Whether a node's output length depends on its inputs' values, found by running the node on fake tensors.
+"""Whether a node's output length depends on its inputs' values, found by running the graph on fake tensors.
 
-A fake tensor (torch's ``FakeTensorMode``) has a shape and a dtype but no values. An op that needs a value to
-size its output cannot run on one and says so: ``x[mask]`` and ``torch.where(mask)`` (a nonzero), a length or a
-dim given as a tensor the input computes (``torch.eye(1, m)``, ``fft2(s=(1, m))``, ``conv1d(padding=m)``,
-``x.size(d)``: each reads the tensor's value). So this asks what the op does with the values it is given, in
-every spelling a Python function, a method or an aten overload has, instead of a list of argument names. The
-data inputs of the node are fake; what does not depend on the input is passed as it is (a parameter, a size
-read off the example's shape), so a length that only the example's shape sets runs. A node that cannot run
-for any other reason is reported as depending on the values too: fail closed.
+A fake tensor (torch's ``FakeTensorMode``) has a shape and a dtype but no values. Run with a shape
+environment, an op that needs a value to size its output gives a length that is a new *unbacked* symbol:
+``x[mask]`` and ``torch.where(mask)`` (a nonzero) have ``u0`` rows, ``torch.eye(1, m)`` with m a tensor the input
+computes has ``u1`` columns, and what is computed from them carries the symbol on (``x[mask].view(-1, 4)``)
+or drops it where the length no longer matters (``zeros(n, d).index_add(0, idx, rows)``, a sum over the rows:
+an MoE's dispatch and combine). An op that would have to decide something about such a value (``x.size(d)``,
+``conv1d(padding=m)``) raises instead. So this asks what each op does with the values it is given, in every
+spelling a Python function, a method or an aten overload has, instead of a list of argument names. What does
+not depend on the input is passed as it is (a parameter as a fake copy, a size read off the example's
+shape). A node whose length carries an unbacked symbol, or that cannot run, depends on the values: fail closed.
 """
 
 from __future__ import annotations
@@ -26,23 +28,31 @@ _SCALARS = {int: torch.int64, float: torch.float64, bool: torch.bool}  # a numbe
 
 
 class FakeRun:
-    """Runs single nodes with their data inputs as fake tensors of their recorded shapes and dtypes."""
+    """Runs a graph's nodes in order on fake stand-ins: data inputs from their recorded shapes and dtypes, each
+    data node's output then standing in for it downstream."""
 
     def __init__(self, module: fx.GraphModule, data: set[fx.Node], constant: Callable[[fx.Node], Any],
                  device: torch.device) -> None:
         from torch._subclasses.fake_tensor import FakeTensorMode
+        from torch.fx.experimental.symbolic_shapes import ShapeEnv
 
         self.module, self.data, self.constant, self.device = module, data, constant, device
-        self.mode = FakeTensorMode(allow_non_fake_inputs=True)
+        self.mode = FakeTensorMode(allow_non_fake_inputs=True, shape_env=ShapeEnv())
         self._stand_ins: dict[fx.Node, Any] = {}
 
-    def needs_values(self, node: fx.Node) -> bool:
-        """Whether ``node`` cannot compute its output (its length) without its data inputs' values."""
+    def values_set_length(self, node: fx.Node) -> bool:
+        """Whether ``node``'s output (its length, or the number it is) depends on its data inputs' values: it
+        carries an unbacked symbol, or it cannot run on stand-ins. Call in graph order: the output stands in for
+        the node in the runs of the nodes after it."""
+        from torch.fx.experimental.symbolic_shapes import free_unbacked_symbols
+
         try:
-            self._run(node)
+            output = self._run(node)
         except Exception:  # noqa: BLE001  (a value needed, or a run that says nothing: the length is not known)
             return True
-        return False
+        self._stand_ins[node] = output
+        shapes = fx.node.map_aggregate(output, lambda v: tuple(v.shape) if isinstance(v, torch.Tensor) else v)
+        return bool(free_unbacked_symbols(shapes))
 
     def _run(self, node: fx.Node) -> Any:
         args, kwargs = fx.node.map_arg((node.args, node.kwargs), self._stand_in)
@@ -60,11 +70,11 @@ class FakeRun:
 
     def _make(self, node: fx.Node) -> Any:
         if node.op == "get_attr":
-            return _attribute(self.module, node.target)
+            return self._faked(_attribute(self.module, node.target))
         if node not in self.data:
             value = self.constant(node)
             if value is not None and not _on_meta(value):
-                return value
+                return self._faked(value)
             if node.op != "placeholder":
                 try:  # no value to read (meta weights): what it computes from stand-ins (x.dtype, x.shape[0])
                     return self._run(node)
@@ -72,6 +82,12 @@ class FakeRun:
                     pass
         return self._fake(node.meta.get("val", node.meta.get("example_value", node.meta.get("tensor_meta"))),
                           node.meta.get("type"))
+
+    def _faked(self, value: Any) -> Any:
+        """A tensor the model holds, as a fake copy: nothing the run does (an in-place op) reaches the model."""
+        if isinstance(value, (tuple, list)):
+            return type(value)(self._faked(item) for item in value)
+        return self.mode.from_tensor(value) if isinstance(value, torch.Tensor) else value
 
     def _fake(self, recorded: Any, kind: Any) -> Any:
         """A fake tensor of a recorded shape and dtype (ShapeProp's TensorMetadata, export's value)."""

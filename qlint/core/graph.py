@@ -231,9 +231,9 @@ class GraphFacts:
             if node in self.data or node.op in ("placeholder", "get_attr", "output"):
                 continue
             info = facts(node)
-            if info.meta_output:  # a size of its input, but at a dim the input's values choose is one of them
+            if info.meta_output:  # a size of its first argument, but one at a dim the input's values choose is data
                 sources = () if info.bound is None else tuple(
-                    value for name, argument in info.bound.arguments.items() if name != "input"
+                    value for name, argument in list(info.bound.arguments.items())[1:]
                     for value in Bound({name: argument}, {}).nodes())
             else:
                 sources = info.region_inputs if info.declared is not None and info.region_inputs else info.value_inputs
@@ -274,6 +274,7 @@ class GraphFacts:
         from qlint.core.fake_run import FakeRun
 
         out: set[fx.Node] = set()
+        unread: set[fx.Node] = set()  # marked without a fake run: no stand-in, so what reads them is marked too
         run = FakeRun(self.module, self.data, self.constant, self._example_device())
         for node in self.nodes:
             if node.op in ("placeholder", "get_attr", "output") or "qlint" not in node.meta:
@@ -287,7 +288,10 @@ class GraphFacts:
                 value in self.data for name, argument in info.bound.arguments.items()
                 if name in SIZE_ARGUMENTS or (info.bound.positional and name != "input") or op_name(node) in SEQUENCES
                 for value in Bound({name: argument}, {}).nodes())
-            if unknown_op or sized or any(p in out for p in data_inputs) or run.needs_values(node):
+            if unknown_op or sized or any(p in unread for p in data_inputs):
+                out.add(node)
+                unread.add(node)
+            elif run.values_set_length(node):
                 out.add(node)
         return out
 
