@@ -51,8 +51,16 @@ class FakeRun:
         except Exception:  # noqa: BLE001  (a value needed, or a run that says nothing: the length is not known)
             return True
         self._stand_ins[node] = output
-        shapes = fx.node.map_aggregate(output, lambda v: tuple(v.shape) if isinstance(v, torch.Tensor) else v)
-        return bool(free_unbacked_symbols(shapes))
+        lengths: list[Any] = []  # every length of every tensor it gives, and every symbolic number
+
+        def collect(value: Any) -> None:
+            if isinstance(value, torch.Tensor):
+                lengths.extend(value.shape)
+            elif isinstance(value, (torch.SymInt, torch.SymFloat, torch.SymBool)):
+                lengths.append(value)
+
+        fx.node.map_aggregate(output, collect)
+        return bool(free_unbacked_symbols(tuple(lengths)))
 
     def _run(self, node: fx.Node) -> Any:
         args, kwargs = fx.node.map_arg((node.args, node.kwargs), self._stand_in)

@@ -73,6 +73,8 @@ def join_terms(node: fx.Node, graph: GraphFacts, selections: bool = False) -> Op
         return stacked
     if op_name(node) in ("cat", "concat", "concatenate"):
         parts = _arg(node, "tensors") or []
+        if isinstance(parts, fx.Node):  # cat(x.split(k)): one node holds the parts, the join is not spelt out
+            return None
         terms = [Term(p, 1.0, ((node, "tensors"),), p) for p in parts if isinstance(p, fx.Node) and p in graph.data]
         # with selections, a part's sums are terms of their own: cat([x[:, :k] + s, x[:, k:]]) moves X_k's
         # entries and adds s (ReXNet's channel-expanding shortcut), s is the only update

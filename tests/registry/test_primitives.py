@@ -75,6 +75,8 @@ def q_of(branch, *, mode=None, inputs=True):
         (lambda m, h: h * h * torch.relu(torch.sigmoid(h) - 0.5), 2),  # in [0, 0.5]: not 0
         (lambda m, h: h * F.relu6(-torch.sigmoid(h)) * h, 0),  # relu6 of a value <= 0 too, as a middle factor
         (lambda m, h: torch.exp(h) * torch.relu(torch.sigmoid(h) - 1), math.inf),  # 0 * inf is NaN
+        (lambda m, h: torch.cat(h.split(4, dim=-1), dim=-1), 1),  # the parts held by one node: no crash
+        (lambda m, h: h * torch.sigmoid(h.topk(2, dim=-1).values.sum(-1, keepdim=True)), 1),  # a tuple output
         (lambda m, h: (h / (h - h.detach())) * torch.relu(-torch.sigmoid(h)), None),  # 0 * a pole: unknown
     ],
 )
