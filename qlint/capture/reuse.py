@@ -58,6 +58,7 @@ import torch.fx as fx
 from torch.utils import _pytree as pytree
 
 from qlint.core.graph import clean_path
+from qlint.core.ops import attribute
 
 
 class ReuseAbandoned(Exception):
@@ -669,9 +670,9 @@ def _attribute(gm: fx.GraphModule, model: torch.nn.Module, target: str, like: fx
         return attributes[target]
     owner_path, _, name = target.rpartition(".")
     try:
-        _get(gm, target)
+        attribute(gm, target)
     except AttributeError:
-        tensor = _get(model, target)
+        tensor = attribute(model, target)
         owner = gm
         for part in owner_path.split(".") if owner_path else ():
             if not hasattr(owner, part):
@@ -688,13 +689,6 @@ def _attribute(gm: fx.GraphModule, model: torch.nn.Module, target: str, like: fx
     node.meta = dict(like.meta)
     attributes[target] = node
     return node
-
-
-def _get(root: torch.nn.Module, target: str) -> Any:
-    value: Any = root
-    for part in target.split("."):
-        value = getattr(value, part)
-    return value
 
 
 def _renamed(stack: dict[str, tuple[str, Any]], old: str, new: str) -> dict[str, tuple[str, Any]]:

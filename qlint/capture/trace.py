@@ -36,6 +36,7 @@ from qlint.core.errors import QlintError
 from qlint.capture import hops, shapes
 from qlint.capture.harness import argument_names, has_meta, model_state, restore, snapshot, tensor_outputs, tensors
 from qlint.core.graph import TORCH_DIR, storage_key
+from qlint.core.ops import attribute
 
 class TraceFailure(QlintError):
     """No tracer gave a faithful graph; the message is one actionable line."""
@@ -249,7 +250,7 @@ def trainable_attributes(module: fx.GraphModule, model: torch.nn.Module) -> froz
     for node in module.graph.nodes:
         if node.op == "get_attr":
             try:
-                value = _attribute(module, str(node.target))
+                value = attribute(module, str(node.target))
             except AttributeError:
                 continue
             if (isinstance(value, torch.Tensor) and not value.is_meta and value.numel()
@@ -285,11 +286,6 @@ def _held_tensors(model: torch.nn.Module, depth: int = 4) -> list[torch.Tensor]:
             if name not in ("_parameters", "_buffers", "_modules"):
                 walk(value, 0)
     return found
-
-
-def _attribute(module: torch.nn.Module, target: str) -> Any:
-    owner, _, name = target.rpartition(".")
-    return getattr(module.get_submodule(owner) if owner else module, name)
 
 
 def _schemas(target: Any) -> list[Any]:

@@ -19,6 +19,8 @@ from typing import Any, Callable
 import torch
 import torch.fx as fx
 
+from qlint.core.ops import attribute
+
 
 class _NoStandIn(Exception):
     """A data input has no recorded shape to stand in for it."""
@@ -78,7 +80,7 @@ class FakeRun:
 
     def _make(self, node: fx.Node) -> Any:
         if node.op == "get_attr":
-            return self._faked(_attribute(self.module, node.target))
+            return self._faked(attribute(self.module, node.target))
         if node not in self.data:
             value = self.constant(node)
             if value is not None and not _on_meta(value):
@@ -119,13 +121,6 @@ def _example_length(size: Any) -> int:
     if not isinstance(hint, int):
         raise _NoStandIn
     return hint
-
-
-def _attribute(module: torch.nn.Module, target: str) -> Any:
-    value: Any = module
-    for part in target.split("."):
-        value = getattr(value, part)
-    return value
 
 
 def _on_meta(value: Any) -> bool:

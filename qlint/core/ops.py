@@ -444,3 +444,11 @@ def declared_name(cls: type) -> str:
     if module.startswith("qlint_user_"):
         module = module[len("qlint_user_") :].rpartition("_")[0]
     return f"{module}.{cls.__qualname__}"
+
+
+def attribute(root: torch.nn.Module, target: str) -> Any:
+    """The attribute a get_attr node's dotted target names (``layers.0.weight``), read off the module tree."""
+    value: Any = root
+    for part in target.split("."):
+        value = getattr(value, part)
+    return value
