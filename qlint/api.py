@@ -267,6 +267,8 @@ def _one(settings: Config, spec: str, *, remedies: bool) -> ModelReport:
     try:
         note_phase("tracing the model (running its forward)")
         analysis = run(loaded.model, loaded.inputs, spec=spec, options=options)
+        if loaded.built:
+            analysis.report.extra["built"] = loaded.built
         if options.witness:
             from qlint.probe.block_witness import attach as witness
 

@@ -1,4 +1,4 @@
-"""Resolve a model SPEC (``path/model.py:build_model`` or ``pkg.module:attr``).
+"""Resolve a model SPEC (``path/model.py:build_model``, ``pkg.module:attr``, or a catalogue spec such as ``hf:llama``).
 
 Follows the uvicorn / Flask conventions: a ``.py`` path is imported with its folder
 on sys.path; a dotted module is imported as is. The attribute is an nn.Module or a
@@ -73,6 +73,7 @@ class LoadedModel:
     inputs: Optional[tuple]
     spec: str
     origin: Optional[tuple[str, int]] = None  # file and line of the factory (or the module) the spec names
+    built: Optional[str] = None  # for a catalogue spec: what was built from which config, and what was changed
 
 
 def split_spec(spec: str) -> tuple[str, str]:
@@ -167,6 +168,13 @@ def declared_name(cls: type) -> str:
 def check_spec(spec: str) -> tuple[str, str]:
     """The spec's location and attribute, or the LoadError a user should see before torch is
     imported (a folder, a file that does not exist, an attribute that is no Python name)."""
+    from qlint import catalogue
+
+    try:
+        if catalogue.parse(spec) is not None:
+            return spec, ""
+    except catalogue.CatalogueError as exc:
+        raise LoadError(str(exc)) from None
     location, attribute = split_spec(spec)
     if Path(location).is_dir():
         raise LoadError(f"{location} is a folder; give a Python file or module and its factory, e.g. "
@@ -184,6 +192,8 @@ def load(spec: str) -> LoadedModel:
     import torch
 
     location, attribute = check_spec(spec)
+    if not attribute:  # check_spec gives only a catalogue spec no attribute
+        return _from_catalogue(spec)
     try:
         target: Any = import_target(location)
     except ModelExit as exc:
@@ -212,6 +222,25 @@ def load(spec: str) -> LoadedModel:
     elif inputs is not None:
         inputs = tuple(inputs) if isinstance(inputs, (tuple, list)) else (inputs,)
     return LoadedModel(model, inputs, spec, origin)
+
+
+def _from_catalogue(spec: str) -> LoadedModel:
+    """A library's architecture built from its default config (qlint.catalogue)."""
+    import inspect
+
+    from qlint import catalogue
+
+    note_phase("building the model from its library's config")
+    try:
+        built = catalogue.build(spec)
+    except catalogue.CatalogueError as exc:
+        raise LoadError(str(exc)) from None
+    inputs = keyword_inputs(built.model, built.inputs, spec) if isinstance(built.inputs, Mapping) else built.inputs
+    try:
+        origin = (inspect.getsourcefile(type(built.model)), inspect.getsourcelines(type(built.model))[1])
+    except (TypeError, OSError):
+        origin = None
+    return LoadedModel(built.model, tuple(inputs), spec, origin, built.description)
 
 
 def keyword_inputs(model: Any, inputs: Mapping[str, Any], spec: str) -> tuple:

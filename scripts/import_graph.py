@@ -26,6 +26,7 @@ FLOORS = {
     "qlint.core": 0,  # what both capture and analysis need: algebra, value domain, ops, graph facts, results
     "qlint.zoo": 0,
     "qlint.loader": 0,
+    "qlint.catalogue": 0,  # hf: / timm: / torchvision: specs, built from a library's config (the loader's)
     "qlint.capture": 1,  # a model in, a checked graph out
     "qlint.growth": 2,  # a graph in, blocks and exponents out
     "qlint.registry": 3,

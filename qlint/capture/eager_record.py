@@ -73,6 +73,8 @@ class EagerRecord:
     outputs: list[torch.Tensor] = field(default_factory=list)  # the last forward's output tensors
     environment_changing: dict[Condition, str] = field(default_factory=dict)  # a value that changes the forward
     reads_dtype: bool = False  # the model's own code read a tensor's dtype (it may branch on float16)
+    # the globals the model's own code names, each with a function that reads it now
+    state_roots: dict[str, Callable[[], Any]] = field(default_factory=dict)
 
 
 class _Dataflow(TorchDispatchMode):
@@ -298,6 +300,7 @@ def record(model: torch.nn.Module, inputs: tuple, calls: int = 1) -> EagerRecord
             return EagerRecord(read or origins.read, conditions=process.conditions)
         read, ops, reads_dtype = read or origins.read, origins.live_ops(outputs), reads_dtype or methods.reads_dtype
     return EagerRecord(read, ops, ran=True, conditions=process.conditions, reads_dtype=reads_dtype,
+                       state_roots=process.state_roots,
                        outputs=[t.detach() for t in tree_leaves(outputs) if isinstance(t, torch.Tensor)])
 
 

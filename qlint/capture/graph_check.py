@@ -10,9 +10,10 @@ from __future__ import annotations
 import contextlib
 import linecache
 import sys
+import types
 from collections import Counter
 from copy import deepcopy
-from typing import Any, Iterator, Optional
+from typing import Any, Callable, Iterator, Mapping, Optional
 
 import torch
 import torch.fx as fx
@@ -142,13 +143,14 @@ def compare_with_eager(model: torch.nn.Module, module: fx.GraphModule, inputs: O
             torch.manual_seed(0)
             graph_out = ShapeProp(module).propagate(*inputs) if shape_only else module(*inputs)
             first = _eager(model, inputs)
-            plain = python_state(model)  # after one call: a value set once (a flag, a lazy cache) is no state
+            roots = eager.state_roots if eager is not None else {}
+            plain = python_state(model, roots)  # after one call: a value set once (a flag, a lazy cache) is no state
             # buffers the forward writes (BatchNorm's statistics in training)
             module.meta["qlint_written_buffers"] = frozenset(
                 storage_key(b) for name, b in model.named_buffers()
                 if b.numel() and not _same_tensor(b, saved[name]))
             _require_same(graph_out, first, "on the example inputs")
-            _require_stateless(model, inputs, first, plain, module.meta["qlint_written_buffers"])
+            _require_stateless(model, inputs, first, plain, module.meta["qlint_written_buffers"], roots)
             if eager is not None and eager.ran:  # a custom op the graph runs as its body is not missing
                 inlined = Counter({op: eager.ops[op] for op in module.meta.get("qlint_inlined_ops", ())})
                 _require_every_op(module, inputs, eager.ops - inlined)
@@ -198,7 +200,7 @@ CALLS = 3  # successive identical calls compared: state kept across calls shows 
 
 
 def _require_stateless(model: torch.nn.Module, inputs: tuple, first: Any, before: dict[str, Any],
-                       written: frozenset[int]) -> None:
+                       written: frozenset[int], roots: Mapping[str, Callable[[], Any]]) -> None:
     """One traced call stands for every call only if the forward keeps no state: the same output over
     successive identical calls, no plain Python value of a module that the calls after the first go on
     changing (a step counter, a depth unlocked after N calls), and no integer or bool buffer written (a
@@ -207,11 +209,11 @@ def _require_stateless(model: torch.nn.Module, inputs: tuple, first: Any, before
         if not _agree(first, _eager(model, inputs)):
             raise GraphMismatch(f"the model's output changes between identical calls (call {call} differs from the "
                                 "first: state kept across calls, or unseeded randomness): no graph can stand for it")
-    after = python_state(model)
+    after = python_state(model, roots)
     for name, value in before.items():
         if after.get(name, value) != value:
-            raise GraphMismatch(f"the forward changes `{name}` ({value!r} -> {after[name]!r}): state kept across "
-                                "calls, which one traced call cannot stand for")
+            raise GraphMismatch(f"the forward changes `{name}` ({_short(value)} -> {_short(after[name])}): state kept "
+                                "across calls, which one traced call cannot stand for")
     for name, buffer in model.named_buffers():
         if (not (buffer.is_floating_point() or buffer.is_complex()) and not name.endswith("num_batches_tracked")
                 and buffer.numel() and storage_key(buffer) in written):
@@ -219,39 +221,87 @@ def _require_stateless(model: torch.nn.Module, inputs: tuple, first: Any, before
                                 "one traced call cannot stand for")
 
 
+def _short(value: Any, width: int = 80) -> str:
+    text = repr(value)
+    return text if len(text) <= width else text[: width - 3] + "..."
+
+
 _PLAIN = (bool, int, float, complex, str, type(None))
+MAX_COMPARED_ELEMENTS = 100_000  # a held array or integer tensor compared by value up to this size (else by version)
 
 
-def python_state(model: torch.nn.Module) -> dict[str, Any]:
-    """The plain Python values each module holds as attributes, also inside dicts, lists and tuples and
-    as NumPy scalars: what a forward that counts its calls or unlocks a depth changes."""
+def python_state(model: torch.nn.Module, roots: Optional[Mapping[str, Callable[[], Any]]] = None) -> dict[str, Any]:
+    """The Python state a forward can count its calls in, as comparable data: what each module holds as
+    attributes and its class holds as class attributes (plain values, also inside dicts, lists, tuples, held
+    objects and the closure cells of held functions; NumPy arrays; integer and bool tensors), and the globals
+    the model's own code names (``roots``: :attr:`qlint.capture.eager_record.EagerRecord.state_roots`).
+    Float tensors are left out: a float value the model holds is a parameter, any value of which is analysed."""
     state: dict[str, Any] = {}
+    classes: set[type] = set()
     for path, module in model.named_modules():
         for key, value in vars(module).items():
-            plain = _plain(value)
-            if plain is not _NOT_PLAIN:
-                state[f"{path}.{key}" if path else key] = plain
+            if key not in ("_parameters", "_buffers", "_modules"):
+                _keep(state, f"{path}.{key}" if path else key, value)
+        for cls in type(module).__mro__:
+            if cls not in classes and not cls.__module__.startswith("torch"):
+                classes.add(cls)
+                for key, value in vars(cls).items():
+                    if not key.startswith("__"):
+                        _keep(state, f"{cls.__qualname__}.{key} (a class attribute)", value)
+    for name, read in (roots or {}).items():
+        _keep(state, name, read())
     return state
+
+
+def _keep(state: dict[str, Any], name: str, value: Any) -> None:
+    plain = _plain(value)
+    if plain is not _NOT_PLAIN:
+        state[name] = plain
 
 
 _NOT_PLAIN = object()
 
 
 def _plain(value: Any, depth: int = 0) -> Any:
-    """``value`` as comparable plain data (a NumPy scalar as its number, containers as tuples), or
-    _NOT_PLAIN for anything else (a module, a tensor, an object)."""
+    """``value`` as comparable plain data (a NumPy array or an integer tensor as its values, containers as
+    tuples, a held object as its attributes, a function as its closure cells), or _NOT_PLAIN for anything
+    else (a module, a float tensor, a class)."""
     if isinstance(value, _PLAIN):
         return value
-    if type(value).__module__ == "numpy" and hasattr(value, "item") and getattr(value, "shape", None) == ():
-        return value.item()
-    if depth < 3 and isinstance(value, (list, tuple)):
-        items = [_plain(v, depth + 1) for v in value]
-        return _NOT_PLAIN if any(i is _NOT_PLAIN for i in items) else tuple(items)
-    if depth < 3 and isinstance(value, dict):
-        items = {k: _plain(v, depth + 1) for k, v in value.items() if isinstance(k, _PLAIN)}
-        kept = {k: v for k, v in items.items() if v is not _NOT_PLAIN}
+    if type(value).__module__ == "numpy" and hasattr(value, "tobytes") and hasattr(value, "shape"):
+        return ("array", value.shape, value.tobytes() if value.size <= MAX_COMPARED_ELEMENTS else value.size)
+    if isinstance(value, torch.Tensor):
+        if value.is_floating_point() or value.is_complex() or value.is_meta or type(value) is not torch.Tensor:
+            return _NOT_PLAIN
+        return ("tensor", tuple(value.shape), value.tolist() if value.numel() <= MAX_COMPARED_ELEMENTS
+                else value._version)
+    if depth >= 3:
+        return _NOT_PLAIN
+    if isinstance(value, types.MethodType):
+        value = value.__func__
+    if isinstance(value, types.FunctionType):  # what its closure cells hold (a counter a forward closes over)
+        value = dict(zip(value.__code__.co_freevars, map(_cell_contents, value.__closure__ or ())))
+    if isinstance(value, (list, tuple, dict)) or _held_object(value):
+        items = value.items() if isinstance(value, dict) else vars(value).items() if _held_object(value) \
+            else enumerate(value)
+        kept = {k: v for k, item in items if isinstance(k, _PLAIN)
+                for v in [_plain(item, depth + 1)] if v is not _NOT_PLAIN}
         return tuple(sorted(kept.items(), key=lambda kv: repr(kv[0]))) if kept else _NOT_PLAIN
     return _NOT_PLAIN
+
+
+def _cell_contents(cell: Any) -> Any:
+    try:
+        return cell.cell_contents
+    except ValueError:  # an empty cell
+        return None
+
+
+def _held_object(value: Any) -> bool:
+    """A plain object a module holds (a counter in a namespace): not a module, tensor, function or class."""
+    return (hasattr(value, "__dict__") and not isinstance(value, (torch.nn.Module, type, types.ModuleType,
+                                                                    types.FunctionType, types.MethodType))
+            and not type(value).__module__.startswith("torch"))
 
 
 def _observed_modes(training: bool) -> list[tuple[str, str, Any, bool]]:
@@ -441,7 +491,7 @@ def _reduced_precision_copies(model: torch.nn.Module, inputs: tuple) -> list[str
     if sum(p.numel() for p in parameters) > MAX_COPIED_ELEMENTS:
         return [f"not on a reduced-precision copy (over {MAX_COPIED_ELEMENTS:,} parameter values)"]
     checked, here = [], None
-    for dtype in (torch.bfloat16, torch.float16):
+    for dtype in (torch.bfloat16, torch.float16, torch.float64):  # float64: the witness's copy
         recast = tuple(x.to(dtype) if isinstance(x, torch.Tensor) and x.dtype == torch.float32 else x for x in inputs)
         if _eager_runs(model, recast):
             continue  # the model takes them itself: compared above

@@ -99,6 +99,9 @@ class ProcessReads:
         self.found: dict[tuple[str, str], Condition] = {}
         self.names_seen: dict[Any, list[tuple[str, str, Optional[int]]]] = {}  # code -> process state it names
         self.environment: list[str] = []
+        # the globals the model's own code names, each with a function that reads it now: a call counter kept
+        # there is state the graph check compares between calls
+        self.state_roots: dict[str, Any] = {}
         self._held(model)
 
     def __enter__(self) -> "ProcessReads":
@@ -193,6 +196,7 @@ class ProcessReads:
                         found.append(("call stack", f"the call stack or qlint's instrumentation (`.{name}`)", line))
                     continue
                 value = frame.f_locals.get(name) if kind == "cell" else frame.f_globals.get(name)
+                self._root(code, frame.f_globals, name, kind, line)
                 state = _state(value, name)
                 if state is not None:
                     found.append((*state, line))
@@ -204,6 +208,14 @@ class ProcessReads:
         arguments = code.co_varnames[:code.co_argcount + code.co_kwonlyargcount]
         return self.names_seen[key] + [(*state, frame.f_lineno) for name in arguments
                                        for state in [_state(frame.f_locals.get(name), name)] if state is not None]
+
+
+    def _root(self, code: types.CodeType, names: dict[str, Any], name: str, kind: str, line: Optional[int]) -> None:
+        # (a closure cell is read through the function that holds it; code compiled at run time, "<string>", is
+        # torch.compile's, not the model's)
+        if kind == "global" and name in names and not code.co_filename.startswith("<"):
+            where = f"{os.path.basename(code.co_filename)}:{line}"
+            self.state_roots.setdefault(f"the global `{name}` ({where})", functools.partial(names.get, name))
 
 
 def _state(value: Any, name: str) -> Optional[tuple[str, str]]:
@@ -248,8 +260,6 @@ _LOAD_KINDS = {"LOAD_GLOBAL": "global", "LOAD_NAME": "global", "LOAD_DEREF": "ce
 def own_code(file: str) -> bool:
     """The model's own source: neither torch, the standard library, qlint nor an installed package."""
     return model_code(file) and not installed(file)
-
-
 
 
 @contextlib.contextmanager

@@ -172,6 +172,8 @@ def model_renderable(model: ModelReport, *, show_all_derivations: bool = False) 
         line.append(f"{finding.code} ", style=SEVERITY_STYLE[finding.severity])
         line.append(finding.message)
         parts.append(line)
+    if model.extra.get("built"):  # a catalogue spec: which config, and what was shrunk
+        parts.append(Text(f"built: {model.extra['built']}", style="dim"))
     if model.extra.get("specialised"):  # a certificate for the input values the forward read in Python
         parts.append(Text(f"specialised: {model.extra['specialised']}", style="yellow"))
     if "the certificate holds for" in model.extra.get("shapes", ""):  # a certificate scoped to the shapes analysed

@@ -72,6 +72,9 @@ def _codes(values: tuple[str, ...]) -> Optional[list[str]]:
               help="Use only this tracer; if it fails the model is not analysed (exit 2). Default: symbolic_trace, "
                    "then export, then make_fx.")
 @click.option("--device", default=None, help="Build and trace on this device, e.g. `meta` (no weights in memory).")
+@click.option("--full-size", is_flag=True,
+              help="Build catalogue specs (hf:, timm:, torchvision:) at the library's sizes, not shrunk "
+                   "(with --device meta for a large model).")
 @click.option("--threshold", type=float, default=None, help="Largest certified exponent q (default: 1.0).")
 @click.option("--show-derivation", is_flag=True, help="Print the derivation of every block, not only failing ones.")
 @click.option("--show-remedies", is_flag=True,
@@ -130,6 +133,7 @@ def command(
     mode: Optional[str],
     tracer: Optional[str],
     device: Optional[str],
+    full_size: bool,
     threshold: Optional[float],
     show_derivation: bool,
     show_remedies: bool,
@@ -150,7 +154,8 @@ def command(
     timeout: Optional[float],
     show_traceback: bool,
 ) -> None:
-    """Trace each SPEC (path/model.py:build_model or pkg.module:attr) and certify its blocks.
+    """Trace each SPEC (path/model.py:build_model, pkg.module:attr, or hf:NAME / timm:NAME / torchvision:NAME)
+    and certify its blocks.
 
     Without SPEC, checks the `models` listed in [tool.qlint] (pyproject.toml).
     """
@@ -164,6 +169,10 @@ def command(
             output_format=output_format, baseline=baseline, no_cache=no_cache, cache_dir=cache_dir,
             witness=None if no_witness is None else not no_witness, witness_budget=witness_budget, timeout=timeout,
         )  # fmt: skip
+        if full_size:
+            from qlint.catalogue import with_full_size
+
+            config.models = [with_full_size(spec) for spec in config.models]
         if show_settings:
             click.echo(config.describe())
             sys.exit(0)

@@ -9,7 +9,8 @@ input that would break it.
 5. a centred moment proves its centring groups;
 6. the trace is checked in the grad mode the analysed mode runs in, and under the other modes it can read;
 7. the trace covers the shapes the model runs on; reinterpreted bits are not values;
-8. a witness measures what is certified (QL107).
+8. a witness measures what is certified (QL107);
+9. the state a forward keeps is looked for wherever it lives, and every run of the check takes one path.
 """
 
 from __future__ import annotations
@@ -61,6 +62,10 @@ EXPECTED = {  # factory: (verdict, max q) -- the unsafe ones must not be certifi
     "scan": ("certified", 1.0),
     "reinterpreted_bits": ("uncertified", None),
     "reshaped": ("certified", 1.0),
+    # 9. state is found wherever it lives; every run of the check takes the example's path
+    "keeps_its_attention": ("certified", 0.0),
+    "counted_calls": ("failed", None),
+    "version_gated": ("failed", None),
 }
 
 
@@ -447,3 +452,10 @@ def test_a_varargs_forward_is_exported_static_and_its_shapes_probed():
     assert automatic(Varargs(), inputs) is None
     report = run(Varargs(), inputs, spec="varargs", options=Options(tracer="export")).report
     assert report.verdict == "certified" and report.extra["shapes"].startswith("static export")
+
+
+def test_state_and_another_path_are_refused_by_name(report):
+    assert "the forward changes `fn`" in report["counted_calls"]["failure"]
+    # here the two paths differ on every input (r12's gated twins, which agree off a set of measure zero, are
+    # refused by the path: fixtures/adversarial/r12_version.py)
+    assert "could not trace _Fn faithfully" in report["version_gated"]["failure"]
