@@ -209,10 +209,10 @@ class ProcessReads:
         return self.names_seen[key] + [(*state, frame.f_lineno) for name in arguments
                                        for state in [_state(frame.f_locals.get(name), name)] if state is not None]
 
-
     def _root(self, code: types.CodeType, names: dict[str, Any], name: str, kind: str, line: Optional[int]) -> None:
-        # (a closure cell is read through the function that holds it; code compiled at run time, "<string>", is
-        # torch.compile's, not the model's)
+        """A global the model's own code names, kept with a function that reads it now. A closure cell is read
+        through the function that holds it (graph_check.python_state); code compiled at run time ("<string>")
+        is torch.compile's, not the model's."""
         if kind == "global" and name in names and not code.co_filename.startswith("<"):
             where = f"{os.path.basename(code.co_filename)}:{line}"
             self.state_roots.setdefault(f"the global `{name}` ({where})", functools.partial(names.get, name))
