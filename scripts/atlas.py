@@ -113,7 +113,7 @@ def sweep(args: argparse.Namespace) -> int:
     DATA.mkdir(exist_ok=True)
     for library in args.library or LIBRARIES:
         path = DATA / f"{library}.jsonl"
-        done = {json.loads(line)["spec"] for line in path.read_text().splitlines()} if path.exists() else set()
+        done = {line["spec"] for line in read(library)}
         todo = [spec for spec in entries(library) if spec not in done
                 and (not args.only or spec.partition(":")[2] in args.only)]
         shard, shards = (int(part) for part in args.shard.split("/"))
@@ -129,9 +129,18 @@ def sweep(args: argparse.Namespace) -> int:
 
 
 def read(library: str) -> list[dict]:
+    """A library's lines, the last run of each entry; a line a stopped sweep left half written is skipped (that
+    entry runs again on resume)."""
     path = DATA / f"{library}.jsonl"
-    lines = [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
+    lines = [line for line in map(_parsed, path.read_text().splitlines()) if line] if path.exists() else []
     return sorted({line["spec"]: line for line in lines}.values(), key=lambda line: line["spec"])  # the last run wins
+
+
+def _parsed(text: str) -> dict | None:
+    try:
+        return json.loads(text)
+    except ValueError:
+        return None
 
 
 def render() -> str:
@@ -186,7 +195,9 @@ def main(argv: list[str]) -> int:
     args = parser.parse_args(argv)
     if args.command == "sweep":
         return sweep(args)
-    PAGE.write_text(render())
+    from qlint.ci.files import write_text
+
+    write_text(PAGE, render(), what="the atlas page")  # whole: a temporary file, then a rename
     print(f"wrote {PAGE.relative_to(ROOT)}")
     return 0
 
