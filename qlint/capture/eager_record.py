@@ -34,7 +34,8 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 
 from qlint.core.graph import ENGINE_FOLDERS, TORCH_DIR, storage_key
-from qlint.capture.process_state import ENVIRONMENT_VALUES, Condition, ProcessReads, environment_set, own_code
+from qlint.capture.process_state import (ENVIRONMENT_VALUES, Condition, ProcessReads, environment_set, model_code,
+                                         own_code)
 from qlint.capture.harness import tensor_outputs
 
 _INPUT = "input"  # an input's value: the tracers see those reads themselves
@@ -72,9 +73,16 @@ class EagerRecord:
     conditions: list[Condition] = field(default_factory=list)  # what it read from the process around it
     outputs: list[torch.Tensor] = field(default_factory=list)  # the last forward's output tensors
     environment_changing: dict[Condition, str] = field(default_factory=dict)  # a value that changes the forward
-    reads_dtype: bool = False  # the model's own code read a tensor's dtype (it may branch on float16)
+    # what the model's code read of a tensor beyond its value, by family (:data:`HISTORY_READS`, and "dtype"),
+    # with the first line that read it: the paths those facts can choose are checked (capture/graph_check)
+    facts_read: dict[str, str] = field(default_factory=dict)
     # the globals the model's own code names, each with a function that reads it now
     state_roots: dict[str, Callable[[], Any]] = field(default_factory=dict)
+
+    @property
+    def reads_dtype(self) -> bool:
+        """The model's own code read a tensor's dtype (it may branch on float16)."""
+        return "dtype" in self.facts_read
 
 
 class _Dataflow(TorchDispatchMode):
@@ -266,19 +274,25 @@ class _Origins(_Dataflow):
 
 
 class _Methods(torch.overrides.TorchFunctionMode):
-    """The reads that reach no aten op (``tolist``, ``numpy``)."""
+    """The reads that reach no aten op (``tolist``, ``numpy``), and the facts about a tensor other than its
+    value that the model's code reads (:data:`HISTORY_READS`, a dtype)."""
 
     def __init__(self, origins: _Origins) -> None:
         super().__init__()
         self.origins_mode = origins
-        self.reads_dtype = False
+        self.facts_read: dict[str, str] = {}
 
     def __torch_function__(self, func: Any, types: Any, args: tuple = (), kwargs: Optional[dict] = None) -> Any:
         if func in _READING_METHODS and args and isinstance(args[0], torch.Tensor) and not _torch_calls():
             self.origins_mode.note_read([args[0]])
-        elif func in _DTYPE_READS and not self.reads_dtype:
+        family = "dtype" if func in _DTYPE_READS else HISTORY_READS.get(func)
+        if family is not None and family not in self.facts_read:
             caller = _caller(2)
-            self.reads_dtype = caller is not None and own_code(caller.f_code.co_filename)
+            # a library's own upcast reads a dtype without branching the model; any other fact counts from any
+            # code but torch's (transformers' too)
+            if caller is not None and (own_code if family == "dtype" else model_code)(caller.f_code.co_filename):
+                code = linecache.getline(caller.f_code.co_filename, caller.f_lineno).strip()
+                self.facts_read[family] = f"{caller.f_code.co_filename}:{caller.f_lineno} `{code}`"
         return func(*args, **(kwargs or {}))
 
 
@@ -287,7 +301,7 @@ def record(model: torch.nn.Module, inputs: tuple, calls: int = 1) -> EagerRecord
     alone, in any of them, the ops the last one ran (``ran`` is False when a forward fails: the
     tracers report that), and what they read from the process (:mod:`qlint.capture.process_state`). The
     caller runs it in the analysed grad mode and restores the model's state."""
-    read, ops, reads_dtype = None, Counter(), False
+    read, ops, facts_read = None, Counter(), {}
     process = ProcessReads(model)
     for _ in range(calls):
         origins = _Origins(model, inputs)
@@ -298,8 +312,8 @@ def record(model: torch.nn.Module, inputs: tuple, calls: int = 1) -> EagerRecord
                 outputs = model(*inputs)
         except Exception:  # noqa: BLE001  (a forward that fails here fails in the tracers too, with its reason)
             return EagerRecord(read or origins.read, conditions=process.conditions)
-        read, ops, reads_dtype = read or origins.read, origins.live_ops(outputs), reads_dtype or methods.reads_dtype
-    return EagerRecord(read, ops, ran=True, conditions=process.conditions, reads_dtype=reads_dtype,
+        read, ops, facts_read = read or origins.read, origins.live_ops(outputs), {**methods.facts_read, **facts_read}
+    return EagerRecord(read, ops, ran=True, conditions=process.conditions, facts_read=facts_read,
                        state_roots=process.state_roots,
                        outputs=[t.detach() for t in tree_leaves(outputs) if isinstance(t, torch.Tensor)])
 
@@ -333,6 +347,17 @@ def _same(first: list[torch.Tensor], second: list[torch.Tensor]) -> bool:
 # ``x.dtype`` (as a torch-function mode sees the property), ``x.itemsize``, ``x.type()``, ``x.element_size()``
 _DTYPE_READS = (torch.Tensor.dtype.__get__, torch.Tensor.itemsize.__get__, torch.Tensor.type,
                 torch.Tensor.element_size)
+_T = torch.Tensor
+# what a tensor has been through rather than what it holds, by the history that sets it: its autograd state (the
+# grad mode, a frozen parameter, an input that requires grad), its version counter (an optimizer's in-place
+# steps), its memory (which tensor it is: a first input remembered); a forward that branches on one takes the
+# path that history gives, which a trace on one history cannot show
+HISTORY_READS = {
+    **dict.fromkeys((_T.requires_grad.__get__, _T.grad_fn.__get__, _T.is_leaf.__get__, _T.grad.__get__,
+                     _T.retains_grad.__get__, _T.output_nr.__get__, _T._base.__get__), "autograd"),
+    _T._version.__get__: "version",
+    **dict.fromkeys((_T.data_ptr, _T.untyped_storage, _T.storage, _T._cdata.__get__), "address"),
+}
 _PLUMBING = ("/torch/overrides.py", "/torch/_tensor.py")  # how a Tensor method reaches a torch-function mode
 
 

@@ -44,13 +44,15 @@ def shape_coverage(model: torch.nn.Module, module: fx.GraphModule, inputs: Optio
                         argument_names(model, len(inputs)), same_path)
 
 
-def _ops_recorded(model: torch.nn.Module, inputs: tuple) -> Optional[Counter]:
-    """The ops one eager forward runs to its outputs (:func:`qlint.capture.eager_record.record`), by kind;
-    the model's state and the RNG are restored."""
+def _ops_recorded(model: torch.nn.Module, inputs: tuple, history: Optional[Callable[[tuple], Any]] = None
+                  ) -> Optional[Counter]:
+    """The ops one eager forward runs to its outputs (:func:`qlint.capture.eager_record.record`), by kind, in the
+    analysed grad mode, or under ``history``: a context given the inputs that gives the model another history
+    and yields the inputs to run on, and takes it back. The model's state and the RNG are restored."""
     saved, state = snapshot(model), torch.random.get_rng_state()
     try:
-        with quiet(), grad_state(model.training):
-            recorded = eager_record.record(model, inputs)
+        with quiet(), grad_state(model.training), (history or contextlib.nullcontext)(inputs) as given:
+            recorded = eager_record.record(model, inputs if history is None else given)
         return recorded.ops if recorded.ran else None
     finally:
         restore(model, saved)
@@ -172,7 +174,7 @@ def compare_with_eager(model: torch.nn.Module, module: fx.GraphModule, inputs: O
                 _compare_again(module, model, inputs, f"with the parameters {redraw}")
                 restore(model, saved, buffers_only=True)  # what the forward may have updated (BatchNorm's statistics)
         modes = (_compare_in_modes(module, model, inputs, model.training, every_mode=shape_only,
-                                   reads_dtype=eager is None or eager.reads_dtype) if other_modes else [])
+                                   facts_read=None if eager is None else eager.facts_read) if other_modes else [])
     finally:
         restore(model, saved)
         torch.random.set_rng_state(state)
@@ -410,14 +412,16 @@ MODE_SCALES, ROUNDING_SCALES = (1.0, 1e3), (1.0,)
 
 
 def _compare_in_modes(module: fx.GraphModule, model: torch.nn.Module, inputs: tuple, training: bool, *,
-                      every_mode: bool, reads_dtype: bool = True) -> list[str]:
+                      every_mode: bool, facts_read: Optional[Mapping[str, str]] = None) -> list[str]:
     """Compare the graph as analysed with the eager model run under every global mode the forward can
     observe, and on its floating inputs in every form a forward can read (bfloat16, float16, not
     contiguous, channels-last) where the model accepts them: the two agree unless
     the forward reads the mode (up to its rounding, for a mode that rounds). The graph stays in the
     analysed mode: an export's graph checks its input dtypes and may not run in another grad mode.
     A mode the model cannot run in (an op without a bfloat16 kernel) is skipped. Reduced-precision copies
-    of the model are run where ``reads_dtype`` (the model's own code reads a dtype). Returns what ran.
+    of the model are run where the model's own code reads a dtype, and the other histories of a tensor where its
+    code reads one (:func:`_other_histories`); ``facts_read``: what it read (None: unknown, all are run).
+    Returns what ran.
 
     Outputs agree on random inputs also where a branch the mode takes adds a term that vanishes there
     (a correction for repeated tokens), and differ where the mode's branch is another safe computation
@@ -468,9 +472,9 @@ def _compare_in_modes(module: fx.GraphModule, model: torch.nn.Module, inputs: tu
         _compare_again(module, model, same_values, f"on {what} (which the model accepts)", rounding=True,
                        eager_inputs=recast_inputs)
         checked.append(f"on {what}")
-    if reads_dtype:  # a branch on float16 is the model's own reading of a dtype
+    if facts_read is None or "dtype" in facts_read:  # a branch on float16 is the model's own reading of a dtype
         checked += _reduced_precision_copies(model, inputs)
-    return checked
+    return checked + _other_histories(model, inputs, facts_read)
 
 
 MAX_COPIED_ELEMENTS = 50_000_000  # a reduced-precision copy of a larger model is not made (memory, time)
@@ -504,15 +508,122 @@ def _reduced_precision_copies(model: torch.nn.Module, inputs: tuple) -> list[str
         if theirs is None:
             continue  # the copy does not run (an op without a kernel in that dtype): nothing to stand for
         here = here if here is not None else _ops_recorded(model, inputs)
-        if here is not None and theirs != here:
-            extra = sorted(f"{op} x{n}" for op, n in (theirs - here).items())
-            missing = sorted(f"{op} x{n}" for op, n in (here - theirs).items())
-            raise GraphMismatch(f"a {str(dtype).replace('torch.', '')} copy of the model on inputs of that dtype runs "
-                                f"other ops than the model (more: {', '.join(extra) or 'none'}; fewer: "
-                                f"{', '.join(missing) or 'none'}): the forward takes another path in that dtype, "
-                                "which the graph does not show; trace the model in the dtype it runs in")
-        checked.append(f"a {str(dtype).replace('torch.', '')} copy running the same ops")
+        name = str(dtype).replace("torch.", "")
+        _require_same_ops(here, theirs, f"a {name} copy of the model on inputs of that dtype",
+                          f"the forward takes another path in that dtype, which the graph does not show; trace the "
+                          "model in the dtype it runs in")
+        checked.append(f"a {name} copy running the same ops")
     return checked
+
+
+def _require_same_ops(here: Optional[Counter], theirs: Counter, what: str, why: str) -> None:
+    if here is not None and theirs != here:
+        extra = sorted(f"{op} x{n}" for op, n in (theirs - here).items())
+        missing = sorted(f"{op} x{n}" for op, n in (here - theirs).items())
+        raise GraphMismatch(f"{what} runs other ops than the model as analysed (more: {', '.join(extra) or 'none'}; "
+                            f"fewer: {', '.join(missing) or 'none'}): {why}")
+
+
+def _other_histories(model: torch.nn.Module, inputs: tuple, facts_read: Optional[Mapping[str, str]]) -> list[str]:
+    """A forward that reads what a tensor has been through rather than its value (``u.requires_grad``, a
+    parameter's ``_version``, an input's ``data_ptr()``: :data:`qlint.capture.eager_record.HISTORY_READS`)
+    takes the path that history gives, and training gives it others (no gradients in a calibration pass,
+    weights stepped in place, a new batch). The model is run with each other history of what it read, and
+    must run the ops it runs as analysed, as often: by outputs, a path that differs only on a thin set of
+    inputs (a gated term) would agree. ``facts_read``: family -> the line that read it (None: unknown, every
+    history is run). Returns what was checked; raises GraphMismatch where another history runs other ops."""
+    families = [family for family in _HISTORIES if facts_read is None or family in facts_read]
+    here = _ops_recorded(model, inputs) if families else None
+    if here is None:
+        return []
+    checked = []
+    for family in families:
+        line = (facts_read or {}).get(family)
+        for what, history in _HISTORIES[family](model, inputs):
+            theirs = _ops_recorded(model, inputs, history)
+            if theirs is None:
+                continue  # the model does not run so (no backward for an op): nothing to stand for
+            _require_same_ops(here, theirs, f"the model {what}",
+                              f"the forward reads {_FACTS[family]}{f' at {line}' if line else ''} and takes another "
+                              "path there, which the graph does not show")
+            checked.append(what)
+    return checked
+
+
+History = Callable[[tuple], Any]  # a context given the inputs: another history for the model, yielding the inputs
+
+
+def _grad_histories(model: torch.nn.Module, inputs: tuple) -> list[tuple[str, History]]:
+    """Gradients off and on, inputs that require grad, and the parameters frozen (part of a model fine-tuned)."""
+
+    @contextlib.contextmanager
+    def mode(grad: bool, given: tuple) -> Iterator[tuple]:
+        with grad_state(grad):
+            yield given
+
+    @contextlib.contextmanager
+    def inputs_requiring_grad(given: tuple) -> Iterator[tuple]:
+        with torch.enable_grad():
+            yield tuple(x.detach().requires_grad_(True) if isinstance(x, torch.Tensor) and x.is_floating_point()
+                        else x for x in given)
+
+    @contextlib.contextmanager
+    def frozen(given: tuple) -> Iterator[tuple]:
+        trainable = [p for p in model.parameters() if p.requires_grad]
+        with torch.enable_grad():
+            for p in trainable:
+                p.requires_grad_(False)
+            try:
+                yield given
+            finally:
+                for p in trainable:
+                    p.requires_grad_(True)
+
+    floats = any(isinstance(x, torch.Tensor) and x.is_floating_point() for x in inputs)
+    return [("with gradients off", lambda given: mode(False, given)),
+            ("with gradients on", lambda given: mode(True, given)),
+            *([("on inputs that require grad", inputs_requiring_grad)] if floats else []),
+            *([("with its parameters frozen (requires_grad False)", frozen)]
+              if any(p.requires_grad for p in model.parameters()) else [])]
+
+
+# the in-place writes a training run may have made to every parameter (optimizer steps), up to the counter's range
+VERSION_STEPS = (1, 10**3, 10**6, 10**9)
+
+
+def _version_histories(model: torch.nn.Module, inputs: tuple) -> list[tuple[str, History]]:
+    """Every parameter, buffer and input as after each of VERSION_STEPS in-place updates (the counters only: the
+    values stay)."""
+
+    def after(steps: int) -> History:
+        @contextlib.contextmanager
+        def stepped(given: tuple) -> Iterator[tuple]:
+            held = [*model.parameters(), *model.buffers(), *(x for x in given if isinstance(x, torch.Tensor))]
+            before = [t._version for t in held]
+            torch._C._autograd._unsafe_set_version_counter(held, [v + steps for v in before])
+            try:
+                yield given
+            finally:
+                torch._C._autograd._unsafe_set_version_counter(held, before)
+        return stepped
+
+    return [(f"after {steps:,} in-place update{'s' if steps > 1 else ''} of its parameters and buffers", after(steps))
+            for steps in VERSION_STEPS]
+
+
+def _address_histories(model: torch.nn.Module, inputs: tuple) -> list[tuple[str, History]]:
+    """The inputs copied to other memory while the originals live (a new batch is another tensor)."""
+
+    @contextlib.contextmanager
+    def elsewhere(given: tuple) -> Iterator[tuple]:
+        yield tuple(x.clone() if isinstance(x, torch.Tensor) else x for x in given)
+
+    return [("on copies of its inputs at other memory addresses", elsewhere)]
+
+
+_HISTORIES = {"autograd": _grad_histories, "version": _version_histories, "address": _address_histories}
+_FACTS = {"autograd": "a tensor's autograd state", "version": "a tensor's version counter",
+          "address": "a tensor's memory address"}
 
 
 def _transposed(x: torch.Tensor) -> torch.Tensor:

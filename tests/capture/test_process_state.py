@@ -5,6 +5,7 @@ torch's own business (a kernel library torch loads reads its configuration)."""
 from __future__ import annotations
 
 import os
+from pathlib import Path
 
 import click
 import pytest
@@ -85,10 +86,14 @@ class _DtypeReader(nn.Module):
         return x + self.f(x)
 
 
-def _reads_dtype(file: str, expression: str) -> bool:
+def _facts_read(file: str, expression: str) -> dict[str, str]:
     namespace: dict = {}
     exec(compile(f"def read(x):\n    return {expression}\n", file, "exec"), namespace)
-    return record(_DtypeReader(namespace["read"]), (torch.randn(1, 2),)).reads_dtype
+    return record(_DtypeReader(namespace["read"]), (torch.randn(1, 2),)).facts_read
+
+
+def _reads_dtype(file: str, expression: str) -> bool:
+    return "dtype" in _facts_read(file, expression)
 
 
 def test_a_dtype_read_by_the_models_own_code_is_seen_in_each_spelling():
@@ -98,6 +103,24 @@ def test_a_dtype_read_by_the_models_own_code_is_seen_in_each_spelling():
     assert _reads_dtype(own, "x.type()") and _reads_dtype(own, "x.element_size()")
     assert not _reads_dtype(own, "x.shape[0]")
     assert not _reads_dtype(INSTALLED, "x.dtype")  # a library's own upcast
+
+
+@pytest.mark.parametrize("expression, family", [
+    ("x.requires_grad", "autograd"), ("(x * 1).grad_fn is None", "autograd"), ("x.is_leaf", "autograd"),
+    ("x.grad", "autograd"), ("x._version > 3", "version"), ("x.data_ptr()", "address"),
+    ("x.untyped_storage()", "address"), ("x._cdata", "address"),
+])
+def test_a_fact_about_a_tensors_history_is_read_with_its_line(expression, family):
+    """What a tensor has been through (graph_check._other_histories runs the model with each other history)."""
+    own = "/home/me/project/model.py"
+    assert set(_facts_read(own, expression)) == {family}
+    assert _facts_read(own, expression)[family].startswith(f"{own}:2 ")
+    assert set(_facts_read(INSTALLED, expression)) == {family}  # a library's model branches as the model's own
+    assert _facts_read(str(Path(torch.__file__).parent / "nn" / "x.py"), expression) == {}  # torch's own business
+
+
+def test_values_and_shapes_are_no_history():
+    assert _facts_read("/home/me/project/model.py", "(x.shape[0], x.sum(), x.ndim, x.is_contiguous())") == {}
 
 
 SPELLINGS = {  # a read of process state in the model's own code: the condition's kind

@@ -55,7 +55,7 @@ EXPECTED = {  # factory: (verdict, max q) -- the unsafe ones must not be certifi
     "revin": ("certified", 1.0),
     # 6. the grad mode of the analysed mode
     "requires_grad_branch": ("failed", None),  # without gradients it computes W(x), not the graph's W(x)^2: refused
-    "requires_grad_branch_eval": ("certified", 1.0),
+    "requires_grad_branch_eval": ("failed", None),  # evaluated with gradients on it computes W(x)^2
     # 7. shapes and bits
     "long_sequence_fast_path": ("supercritical", 2.0),
     "scan_late_square": ("supercritical", 2.0),
@@ -459,3 +459,6 @@ def test_state_and_another_path_are_refused_by_name(report):
     # here the two paths differ on every input (r12's gated twins, which agree off a set of measure zero, are
     # refused by the path: fixtures/adversarial/r12_version.py)
     assert "could not trace _Fn faithfully" in report["version_gated"]["failure"]
+    # a history the forward reads off a tensor (its autograd state) is run, and the path it takes there is named
+    assert ("with gradients on runs other ops than the model as analysed (more: pow x1; fewer: none): the forward "
+            "reads a tensor's autograd state at" in report["requires_grad_branch_eval"]["failure"])
