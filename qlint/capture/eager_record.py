@@ -22,12 +22,14 @@ ran (:func:`missing_ops`).
 
 from __future__ import annotations
 
+import contextlib
 import linecache
 import sys
+import types
 import weakref
 from collections import Counter
 from dataclasses import dataclass, field
-from typing import Any, Callable, Optional
+from typing import Any, Callable, Iterator, Optional
 
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
@@ -35,7 +37,7 @@ from torch.utils._pytree import tree_leaves
 
 from qlint.core.graph import ENGINE_FOLDERS, TORCH_DIR, storage_key
 from qlint.capture.process_state import (ENVIRONMENT_VALUES, Condition, ProcessReads, environment_set, model_code,
-                                         own_code)
+                                         own_code, standard_library)
 from qlint.capture.harness import tensor_outputs
 
 _INPUT = "input"  # an input's value: the tracers see those reads themselves
@@ -285,15 +287,38 @@ class _Methods(torch.overrides.TorchFunctionMode):
     def __torch_function__(self, func: Any, types: Any, args: tuple = (), kwargs: Optional[dict] = None) -> Any:
         if func in _READING_METHODS and args and isinstance(args[0], torch.Tensor) and not _torch_calls():
             self.origins_mode.note_read([args[0]])
-        family = "dtype" if func in _DTYPE_READS else HISTORY_READS.get(func)
-        if family is not None and family not in self.facts_read:
-            caller = _caller(2)
+        family = HISTORY_READS.get(func)
+        if family is not None:
+            caller = _reader()
             # a library's own upcast reads a dtype without branching the model; any other fact counts from any
             # code but torch's (transformers' too)
             if caller is not None and (own_code if family == "dtype" else model_code)(caller.f_code.co_filename):
-                code = linecache.getline(caller.f_code.co_filename, caller.f_lineno).strip()
-                self.facts_read[family] = f"{caller.f_code.co_filename}:{caller.f_lineno} `{code}`"
+                for read in ("dtype", "autograd") if family == "printed" else (family,):
+                    self.facts_read.setdefault(read, _line(caller))
         return func(*args, **(kwargs or {}))
+
+
+@contextlib.contextmanager
+def _torch_function_disabling(facts_read: dict[str, str]) -> Iterator[None]:
+    """Notes (as the fact "hidden") where the model's code enters ``torch._C.DisableTorchFunction`` (or its
+    Subclass twin): inside it a torch-function mode sees none of its reads."""
+    originals = {name: getattr(torch._C, name) for name in ("DisableTorchFunction", "DisableTorchFunctionSubclass")}
+
+    def watching(original: Any) -> Any:
+        def disabling(*args: Any, **kwargs: Any) -> Any:
+            caller = sys._getframe(1)
+            if model_code(caller.f_code.co_filename):
+                facts_read.setdefault("hidden", _line(caller))
+            return original(*args, **kwargs)
+        return disabling
+
+    try:
+        for name, original in originals.items():
+            setattr(torch._C, name, watching(original))
+        yield
+    finally:
+        for name, original in originals.items():
+            setattr(torch._C, name, original)
 
 
 def record(model: torch.nn.Module, inputs: tuple, calls: int = 1) -> EagerRecord:
@@ -308,7 +333,7 @@ def record(model: torch.nn.Module, inputs: tuple, calls: int = 1) -> EagerRecord
         methods = _Methods(origins)
         try:
             # called as the tracers call it (no cache built)
-            with tensor_outputs(model), origins, methods, process:
+            with tensor_outputs(model), origins, methods, process, _torch_function_disabling(methods.facts_read):
                 outputs = model(*inputs)
         except Exception:  # noqa: BLE001  (a forward that fails here fails in the tracers too, with its reason)
             return EagerRecord(read or origins.read, conditions=process.conditions)
@@ -344,19 +369,43 @@ def _same(first: list[torch.Tensor], second: list[torch.Tensor]) -> bool:
         for a, b in zip(first, second))
 
 
-# ``x.dtype`` (as a torch-function mode sees the property), ``x.itemsize``, ``x.type()``, ``x.element_size()``
-_DTYPE_READS = (torch.Tensor.dtype.__get__, torch.Tensor.itemsize.__get__, torch.Tensor.type,
-                torch.Tensor.element_size)
 _T = torch.Tensor
-# what a tensor has been through rather than what it holds, by the history that sets it: its autograd state (the
-# grad mode, a frozen parameter, an input that requires grad), its version counter (an optimizer's in-place
-# steps), its memory (which tensor it is: a first input remembered); a forward that branches on one takes the
-# path that history gives, which a trace on one history cannot show
+# What a forward can read of a tensor besides its value, by what sets it. Constants: its shape, device, kind and
+# views of its values. "autograd": the grad mode, which parameters are frozen, whether an input requires grad or was
+# computed, a backward's gradients and hooks; "layout": how an input lies in memory (a transposed, channels-last,
+# sliced or expanded batch); "inference": an inference tensor. Those have histories the graph check runs the model
+# with (capture/graph_check._other_histories). A version counter and an address take every value training gives
+# them (in-place steps, new batches), which no run can try: a read of one is refused (:data:`REFUSED_FACTS`).
+_CONSTANT_ATTRIBUTES = {"H", "T", "mH", "mT", "real", "imag", "data", "device", "layout", "ndim", "shape", "nbytes",
+                        "name", "volatile", "_has_symbolic_sizes_strides", "_python_dispatch", "is_cpu", "is_cuda",
+                        "is_ipu", "is_maia", "is_meta", "is_mkldnn", "is_mps", "is_mtia", "is_nested", "is_quantized",
+                        "is_sparse", "is_sparse_csr", "is_vulkan", "is_xla", "is_xpu"}
+_ATTRIBUTE_FAMILIES = {
+    **dict.fromkeys(("dtype", "itemsize"), "dtype"),
+    **dict.fromkeys(("requires_grad", "grad_fn", "_grad_fn", "is_leaf", "grad", "_grad", "retains_grad", "output_nr",
+                     "_base", "_backward_hooks", "_post_accumulate_grad_hooks", "grad_dtype"), "autograd"),
+    "_version": "version", "_cdata": "address",
+}
 HISTORY_READS = {
-    **dict.fromkeys((_T.requires_grad.__get__, _T.grad_fn.__get__, _T.is_leaf.__get__, _T.grad.__get__,
-                     _T.retains_grad.__get__, _T.output_nr.__get__, _T._base.__get__), "autograd"),
-    _T._version.__get__: "version",
-    **dict.fromkeys((_T.data_ptr, _T.untyped_storage, _T.storage, _T._cdata.__get__), "address"),
+    # every attribute of a tensor that is no constant; one torch adds later and qlint does not know is refused
+    **{getattr(_T, name).__get__: _ATTRIBUTE_FAMILIES.get(name, "unknown")
+       for name, attribute in vars(torch._C.TensorBase).items()
+       if isinstance(attribute, types.GetSetDescriptorType) and name not in _CONSTANT_ATTRIBUTES},
+    **dict.fromkeys((_T.type, _T.element_size), "dtype"),
+    **dict.fromkeys((_T.is_contiguous, _T.stride, _T._is_view, _T.is_set_to), "layout"),
+    **dict.fromkeys((_T.data_ptr, _T.untyped_storage, _T.storage, _T._typed_storage, _T.storage_offset), "address"),
+    _T.is_inference: "inference",
+    # a tensor's text shows its dtype and autograd state
+    **dict.fromkeys((_T.__repr__, _T.__str__, _T.__format__), "printed"),
+}
+# the facts no run of the check can vary: what, and why
+REFUSED_FACTS = {
+    "version": ("a tensor's version counter", "every in-place write (an optimizer step) moves it on through every "
+                                              "count"),
+    "address": ("where a tensor lies in memory (its address, storage or offset)", "every new batch and allocation "
+                                                                                    "changes it"),
+    "unknown": ("an attribute of a tensor that qlint does not know", "its histories are not known"),
+    "hidden": ("torch state with torch-function modes disabled", "qlint cannot see what is read there"),
 }
 _PLUMBING = ("/torch/overrides.py", "/torch/_tensor.py")  # how a Tensor method reaches a torch-function mode
 
@@ -374,6 +423,21 @@ def _caller(depth: int) -> Any:
     while frame is not None and frame.f_code.co_filename.endswith(_PLUMBING):
         frame = frame.f_back
     return frame
+
+
+def _reader() -> Any:
+    """The frame whose code read a fact off a tensor: the method's caller (from the mode's ``__torch_function__``,
+    past torch's plumbing), and past the standard library's frames (``string.Formatter`` reading
+    ``{0.requires_grad}`` reads for its caller)."""
+    frame = _caller(3)
+    while frame is not None and standard_library(frame.f_code.co_filename):
+        frame = frame.f_back
+    return frame
+
+
+def _line(frame: Any) -> str:
+    file = frame.f_code.co_filename
+    return f"{file}:{frame.f_lineno} `{linecache.getline(file, frame.f_lineno).strip()}`"
 
 
 def _storage(tensor: torch.Tensor) -> int:

@@ -8,6 +8,7 @@ on a parameter's value, state kept across calls) would certify what the model do
 from __future__ import annotations
 
 import contextlib
+import functools
 import linecache
 import sys
 import types
@@ -18,7 +19,7 @@ from typing import Any, Callable, Iterator, Mapping, Optional
 import torch
 import torch.fx as fx
 
-from qlint.capture import eager_record, shapes
+from qlint.capture import eager_record, histories, shapes
 from qlint.capture.eager_record import missing_ops, ops_run
 from qlint.core.graph import TORCH_DIR, indeterminate, storage_key, strided
 from qlint.capture.harness import (argument_names, first_line, grad_state, has_meta, quiet, restore, snapshot,
@@ -44,15 +45,19 @@ def shape_coverage(model: torch.nn.Module, module: fx.GraphModule, inputs: Optio
                         argument_names(model, len(inputs)), same_path)
 
 
-def _ops_recorded(model: torch.nn.Module, inputs: tuple, history: Optional[Callable[[tuple], Any]] = None
-                  ) -> Optional[Counter]:
+def _ops_recorded(model: torch.nn.Module, inputs: tuple, history: Optional[Callable[[tuple], Any]] = None,
+                  given: Optional[list] = None) -> Optional[Counter]:
     """The ops one eager forward runs to its outputs (:func:`qlint.capture.eager_record.record`), by kind, in the
     analysed grad mode, or under ``history``: a context given the inputs that gives the model another history
-    and yields the inputs to run on, and takes it back. The model's state and the RNG are restored."""
+    and yields the inputs to run on (appended to ``given``), and takes it back. The model's state and the RNG are
+    restored."""
     saved, state = snapshot(model), torch.random.get_rng_state()
     try:
-        with quiet(), grad_state(model.training), (history or contextlib.nullcontext)(inputs) as given:
-            recorded = eager_record.record(model, inputs if history is None else given)
+        with quiet(), grad_state(model.training), (history or contextlib.nullcontext)(inputs) as run_on:
+            run_on = inputs if history is None else run_on
+            if given is not None:
+                given.append(run_on)
+            recorded = eager_record.record(model, run_on)
         return recorded.ops if recorded.ran else None
     finally:
         restore(model, saved)
@@ -153,9 +158,8 @@ def compare_with_eager(model: torch.nn.Module, module: fx.GraphModule, inputs: O
                 if b.numel() and not _same_tensor(b, saved[name]))
             _require_same(graph_out, first, "on the example inputs")
             _require_stateless(model, inputs, first, plain, module.meta["qlint_written_buffers"], roots)
-            if eager is not None and eager.ran:  # a custom op the graph runs as its body is not missing
-                inlined = Counter({op: eager.ops[op] for op in module.meta.get("qlint_inlined_ops", ())})
-                _require_every_op(module, inputs, eager.ops - inlined)
+            if eager is not None:
+                require_every_op(module, inputs, eager)
             floats = any(isinstance(x, torch.Tensor) and x.is_floating_point() for x in inputs)
             if gradients and floats:  # in training every block after the first reads a value that requires grad
                 wanting = tuple(x.detach().requires_grad_(True) if isinstance(x, torch.Tensor) and x.is_floating_point()
@@ -185,10 +189,14 @@ def compare_with_eager(model: torch.nn.Module, module: fx.GraphModule, inputs: O
             + f" ({count} output{'s' if count != 1 else ''})")
 
 
-def _require_every_op(module: fx.GraphModule, inputs: tuple, eager_ops: Counter) -> None:
-    """The graph, run on the example, runs every op the eager model ran there, as often: a forward that
-    notices the tracer can leave out a term that is 0 on every input compared (gated by a padding
-    marker), and only the ops it runs show it."""
+def require_every_op(module: fx.GraphModule, inputs: tuple, eager: eager_record.EagerRecord) -> None:
+    """The graph, run on the example, runs every op the eager model ran there (``eager``), as often: a forward
+    that notices the tracer can leave out a term that is 0 on every input compared (gated by a padding
+    marker), and only the ops it runs show it. A custom op the graph runs as its body is not missing."""
+    if not eager.ran:
+        return
+    inlined = Counter({op: eager.ops[op] for op in module.meta.get("qlint_inlined_ops", ())})
+    eager_ops = eager.ops - inlined
     torch.manual_seed(0)
     missing = missing_ops(eager_ops, ops_run(module, inputs))
     if missing:
@@ -308,7 +316,8 @@ def _held_object(value: Any) -> bool:
 
 def _observed_modes(training: bool) -> list[tuple[str, str, Any, bool]]:
     """The global modes a forward can read (``torch.is_grad_enabled()``, ``is_inference_mode_enabled()``,
-    ``is_autocast_enabled()``, ``get_default_dtype()``, ``are_deterministic_algorithms_enabled()``):
+    ``is_autocast_enabled()``, ``get_default_dtype()``, ``are_deterministic_algorithms_enabled()``,
+    ``is_anomaly_enabled()``, the saved-tensor hooks on top of autograd's stack):
     (what, which query family reads it, context factory, whether it rounds, so outputs agree only to
     its rounding). A model analysed in train mode is also run without gradients (a calibration pass);
     one analysed in eval mode is inference, run without gradients, and is not run with them: that
@@ -321,6 +330,8 @@ def _observed_modes(training: bool) -> list[tuple[str, str, Any, bool]]:
         ("with float64 as the default dtype", "dtype", _float64_default, False),
         ("with deterministic algorithms", "deterministic", _deterministic, False),
         ("with float32 matmul precision 'medium'", "matmul", _medium_matmul, True),
+        ("with anomaly detection", "anomaly", lambda: torch.autograd.set_detect_anomaly(True), False),
+        ("with saved tensors offloaded (saved-tensor hooks)", "saved", torch.autograd.graph.save_on_cpu, False),
     ]
 
 
@@ -337,6 +348,9 @@ _QUERIES = {
     "deterministic": ("are_deterministic_algorithms_enabled", "is_deterministic_algorithms_warn_only_enabled",
                       "_C._get_deterministic_algorithms", "_C._get_deterministic_algorithms_warn_only"),
     "matmul": ("get_float32_matmul_precision", "_C._get_float32_matmul_precision"),
+    "anomaly": ("is_anomaly_enabled", "is_anomaly_check_nan_enabled", "_C.is_anomaly_enabled",
+                "_C.is_anomaly_check_nan_enabled"),
+    "saved": ("_C._autograd._top_saved_tensors_default_hooks",),
 }
 
 
@@ -359,8 +373,10 @@ def asked_modes(model: torch.nn.Module, inputs: tuple) -> dict[str, str]:
     try:
         for family, names in _QUERIES.items():
             for name in names:
-                owner, attribute = ((torch.Tensor, name[7:]) if name.startswith("Tensor.")
-                                    else (torch._C, name[3:]) if name.startswith("_C.") else (torch, name))
+                *path, attribute = name.split(".")
+                owner = torch.Tensor if path == ["Tensor"] else torch
+                for step in path if path != ["Tensor"] else ():
+                    owner = getattr(owner, step)
                 if hasattr(owner, attribute):
                     original = getattr(owner, attribute)
                     patched.append((owner, attribute, original, attribute in vars(owner)))
@@ -435,7 +451,9 @@ def _compare_in_modes(module: fx.GraphModule, model: torch.nn.Module, inputs: tu
     compared by outputs."""
     checked = []
     draws = any(n.op == "call_function" and indeterminate(n) for n in module.graph.nodes)
-    asked = asked_modes(model, inputs)
+    # a mode read off a tensor (``x.is_inference()``, however bound) is asked about too
+    asked = {**{family: line for family, line in (facts_read or {}).items() if family == "inference"},
+             **asked_modes(model, inputs)}
     module.meta["qlint_modes"] = []
     for what, family, mode, rounds in _observed_modes(training):
         if draws and mode is _float64_default:
@@ -474,7 +492,7 @@ def _compare_in_modes(module: fx.GraphModule, model: torch.nn.Module, inputs: tu
         checked.append(f"on {what}")
     if facts_read is None or "dtype" in facts_read:  # a branch on float16 is the model's own reading of a dtype
         checked += _reduced_precision_copies(model, inputs)
-    return checked + _other_histories(model, inputs, facts_read)
+    return checked + _other_histories(model, inputs, facts_read, module.meta["qlint_modes"])
 
 
 MAX_COPIED_ELEMENTS = 50_000_000  # a reduced-precision copy of a larger model is not made (memory, time)
@@ -524,124 +542,53 @@ def _require_same_ops(here: Optional[Counter], theirs: Counter, what: str, why: 
                             f"fewer: {', '.join(missing) or 'none'}): {why}")
 
 
-def _other_histories(model: torch.nn.Module, inputs: tuple, facts_read: Optional[Mapping[str, str]]) -> list[str]:
-    """A forward that reads what a tensor has been through rather than its value (``u.requires_grad``, a
-    parameter's ``_version``, an input's ``data_ptr()``: :data:`qlint.capture.eager_record.HISTORY_READS`)
-    takes the path that history gives, and training gives it others (no gradients in a calibration pass,
-    weights stepped in place, a new batch). The model is run with each other history of what it read, and
-    must run the ops it runs as analysed, as often: by outputs, a path that differs only on a thin set of
-    inputs (a gated term) would agree. ``facts_read``: family -> the line that read it (None: unknown, every
-    history is run). Returns what was checked; raises GraphMismatch where another history runs other ops."""
-    families = [family for family in _HISTORIES if facts_read is None or family in facts_read]
+def _other_histories(model: torch.nn.Module, inputs: tuple, facts_read: Optional[Mapping[str, str]],
+                     traced_there: list) -> list[str]:
+    """A forward that reads what a tensor has been through rather than its value (``u.requires_grad``,
+    ``x.is_contiguous()``: :data:`qlint.capture.eager_record.HISTORY_READS`) takes the path that history gives,
+    and training gives it others (no gradients in a calibration pass, frozen layers, a sliced batch). The model
+    is run with each other history of what it read, and must run the ops it runs as analysed, as often: by
+    outputs, a path that differs only on a thin set of inputs (a gated term) would agree. A history that only
+    sets state (a grad mode, frozen parameters) and runs other ops goes to ``traced_there`` (the capture's
+    ``qlint_modes``): the model is traced in it and that graph analysed too (a fused kernel without gradients
+    is another spelling of the same map); one that changes the inputs cannot be traced so, and is refused.
+    ``facts_read``: family -> the line that read it (None: unknown, every history is run). Returns what was
+    checked; raises GraphMismatch where an input history runs other ops."""
+    families = [family for family in histories.HISTORIES if facts_read is None or family in facts_read]
+    owners = len(histories.parameter_owners(model))
+    if "autograd" in families and owners > histories.MAX_FROZEN_ALONE:
+        raise GraphMismatch(f"the forward reads a tensor's autograd state, and its {owners} modules with parameters "
+                            f"are more than the {histories.MAX_FROZEN_ALONE} qlint freezes one at a time: the path a "
+                            "partly frozen model takes is not checked")
     here = _ops_recorded(model, inputs) if families else None
     if here is None:
         return []
     checked = []
     for family in families:
         line = (facts_read or {}).get(family)
-        for what, history in _HISTORIES[family](model, inputs):
-            theirs = _ops_recorded(model, inputs, history)
+        for what, history, same_inputs in histories.HISTORIES[family](model, inputs):
+            given: list[tuple] = []
+            theirs = _ops_recorded(model, inputs, history, given)
             if theirs is None:
                 continue  # the model does not run so (no backward for an op): nothing to stand for
-            _require_same_ops(here, theirs, f"the model {what}",
-                              f"the forward reads {_FACTS[family]}{f' at {line}' if line else ''} and takes another "
-                              "path there, which the graph does not show")
+            reference = (here if histories.same_values(given[0], inputs)
+                         else _ops_recorded(model, histories.contiguous(given[0])))
+            if theirs != reference and same_inputs:
+                traced_there.append((what, family, functools.partial(history, inputs), line))
+                checked.append(f"{what} (traced there: it runs other ops)")
+                continue
+            _require_same_ops(reference, theirs, f"the model {what}",
+                              f"the forward reads {histories.FACTS[family]}{f' at {line}' if line else ''} and takes "
+                              "another path there, which the graph does not show")
             checked.append(what)
     return checked
 
 
-History = Callable[[tuple], Any]  # a context given the inputs: another history for the model, yielding the inputs
-
-
-def _grad_histories(model: torch.nn.Module, inputs: tuple) -> list[tuple[str, History]]:
-    """Gradients off and on, inputs that require grad, and the parameters frozen (part of a model fine-tuned)."""
-
-    @contextlib.contextmanager
-    def mode(grad: bool, given: tuple) -> Iterator[tuple]:
-        with grad_state(grad):
-            yield given
-
-    @contextlib.contextmanager
-    def inputs_requiring_grad(given: tuple) -> Iterator[tuple]:
-        with torch.enable_grad():
-            yield tuple(x.detach().requires_grad_(True) if isinstance(x, torch.Tensor) and x.is_floating_point()
-                        else x for x in given)
-
-    @contextlib.contextmanager
-    def frozen(given: tuple) -> Iterator[tuple]:
-        trainable = [p for p in model.parameters() if p.requires_grad]
-        with torch.enable_grad():
-            for p in trainable:
-                p.requires_grad_(False)
-            try:
-                yield given
-            finally:
-                for p in trainable:
-                    p.requires_grad_(True)
-
-    floats = any(isinstance(x, torch.Tensor) and x.is_floating_point() for x in inputs)
-    return [("with gradients off", lambda given: mode(False, given)),
-            ("with gradients on", lambda given: mode(True, given)),
-            *([("on inputs that require grad", inputs_requiring_grad)] if floats else []),
-            *([("with its parameters frozen (requires_grad False)", frozen)]
-              if any(p.requires_grad for p in model.parameters()) else [])]
-
-
-# the in-place writes a training run may have made to every parameter (optimizer steps), up to the counter's range
-VERSION_STEPS = (1, 10**3, 10**6, 10**9)
-
-
-def _version_histories(model: torch.nn.Module, inputs: tuple) -> list[tuple[str, History]]:
-    """Every parameter, buffer and input as after each of VERSION_STEPS in-place updates (the counters only: the
-    values stay)."""
-
-    def after(steps: int) -> History:
-        @contextlib.contextmanager
-        def stepped(given: tuple) -> Iterator[tuple]:
-            held = [*model.parameters(), *model.buffers(), *(x for x in given if isinstance(x, torch.Tensor))]
-            before = [t._version for t in held]
-            torch._C._autograd._unsafe_set_version_counter(held, [v + steps for v in before])
-            try:
-                yield given
-            finally:
-                torch._C._autograd._unsafe_set_version_counter(held, before)
-        return stepped
-
-    return [(f"after {steps:,} in-place update{'s' if steps > 1 else ''} of its parameters and buffers", after(steps))
-            for steps in VERSION_STEPS]
-
-
-def _address_histories(model: torch.nn.Module, inputs: tuple) -> list[tuple[str, History]]:
-    """The inputs copied to other memory while the originals live (a new batch is another tensor)."""
-
-    @contextlib.contextmanager
-    def elsewhere(given: tuple) -> Iterator[tuple]:
-        yield tuple(x.clone() if isinstance(x, torch.Tensor) else x for x in given)
-
-    return [("on copies of its inputs at other memory addresses", elsewhere)]
-
-
-_HISTORIES = {"autograd": _grad_histories, "version": _version_histories, "address": _address_histories}
-_FACTS = {"autograd": "a tensor's autograd state", "version": "a tensor's version counter",
-          "address": "a tensor's memory address"}
-
-
-def _transposed(x: torch.Tensor) -> torch.Tensor:
-    """The same values, laid out transposed in memory (a view of a transposed copy): not contiguous."""
-    return x.transpose(-1, -2).contiguous().transpose(-1, -2) if x.dim() >= 2 and x.shape[-1] > 1 else x
-
-
-def _channels_last(x: torch.Tensor) -> torch.Tensor:
-    return x.contiguous(memory_format=torch.channels_last) if x.dim() == 4 and x.shape[1] > 1 else x
-
-
-# the forms of its floating inputs a forward can read (x.dtype, x.is_contiguous(), a memory format): what,
-# and the input in that form
 _INPUT_FORMS = (
     ("bfloat16 inputs", lambda x: x.to(torch.bfloat16)),
     ("float16 inputs", lambda x: x.to(torch.float16)),
-    ("non-contiguous inputs", _transposed),
-    ("channels-last inputs", _channels_last),
+    ("non-contiguous inputs", histories.transposed),
+    ("channels-last inputs", histories.channels_last),
 )
 
 
@@ -768,5 +715,5 @@ def _close(a: torch.Tensor, b: torch.Tensor) -> bool:
     return bool(torch.equal(a, b))
 
 
-__all__ = ["GraphMismatch", "compare_with_eager", "computes", "eager_failure", "python_state", "shape_coverage",
-           "shares_parameters"]
+__all__ = ["GraphMismatch", "compare_with_eager", "computes", "eager_failure", "python_state", "require_every_op",
+           "shape_coverage", "shares_parameters"]

@@ -44,7 +44,8 @@ import torch.fx as fx
 from qlint.capture import eager_record, hops
 from qlint.capture import reuse as layer_reuse
 from qlint.core.graph import ENGINE_FOLDERS, TORCH_DIR
-from qlint.capture.graph_check import GraphMismatch, compare_with_eager, eager_failure, shape_coverage
+from qlint.capture.graph_check import (GraphMismatch, compare_with_eager, eager_failure, require_every_op,
+                                      shape_coverage)
 from qlint.core.ops import declared_name
 from qlint.capture.process_state import environment_set
 from qlint.capture.harness import first_line, grad_state, has_meta, is_hugging_face, quiet, restore, snapshot
@@ -151,6 +152,12 @@ def _recorded(model: torch.nn.Module, inputs: tuple) -> eager_record.EagerRecord
                            "holds the value it had when traced and the path that value took, and training may change "
                            "it (qlint certifies for every value a float tensor the model holds may take); compute with "
                            "tensor ops (torch.where, a multiplication), or hold a constant as a Python number")
+    refused = [family for family in eager_record.REFUSED_FACTS if family in recorded.facts_read]
+    if refused:
+        what, why = eager_record.REFUSED_FACTS[refused[0]]
+        raise TraceFailure(f"{type(model).__name__} reads {what} at {recorded.facts_read[refused[0]]} ({why}): a "
+                           "forward that branches on it can take a path at a value no check can try, so no graph "
+                           "stands for every call; branch on values, shapes and modes only")
     recorded.environment_changing = changing
     return recorded
 
@@ -298,19 +305,39 @@ def _traced_in_mode(tracer: str, model: torch.nn.Module, module: fx.GraphModule,
     """In the mode the caller entered: None when ``tracer`` gives the same graph as ``module``, else the
     tracer, the graph and its check, the same tracer first and the others where it fails (a branch that
     writes in place, which symbolic_trace cannot follow). Checked in the grad mode the mode left (inference
-    mode turns gradients off). Raises the first tracer's failure when none gives a faithful graph."""
+    mode turns gradients off). Raises the first tracer's failure when none gives a faithful graph. The graph
+    must run every op the eager model runs in the mode, the same graph as ``module`` too: a tracer's stand-ins
+    may not see what the mode changes (a gradient hook on a parameter), and the graph would then be the
+    analysed path again, not the mode's."""
     gradients = torch.is_grad_enabled()
+    recorded = _recorded_in_mode(model, inputs)
     failures = []
     for name in [tracer] + [t for t in TRACERS if t != tracer and inputs is not None]:
         try:
             if name == tracer and _fingerprint(_traced(name, model, inputs, registry, reuse)) == _fingerprint(module):
+                if recorded is not None:
+                    require_every_op(module, inputs, recorded)
                 return None  # the same ops: the graph analysed stands for this mode too
             other, check = _traced_and_checked(name, model, inputs, registry, reuse=reuse, other_modes=False,
-                                               grad=gradients)
+                                               grad=gradients, eager=recorded)
             return name, other, check
         except Exception as exc:  # noqa: BLE001  (the next tracer; the first failure is the one reported)
             failures.append(exc)
     raise failures[0]
+
+
+def _recorded_in_mode(model: torch.nn.Module, inputs: Optional[tuple]) -> Optional[eager_record.EagerRecord]:
+    """One recorded eager forward in the mode the caller entered (the model's state and the RNG restored)."""
+    if inputs is None or has_meta(model, inputs):
+        return None
+    saved, state = snapshot(model), torch.random.get_rng_state()
+    try:
+        with quiet():
+            recorded = eager_record.record(model, inputs)
+    finally:
+        restore(model, saved)
+        torch.random.set_rng_state(state)
+    return recorded if recorded.ran else None
 
 
 def _fingerprint(module: fx.GraphModule) -> list[tuple[str, ...]]:

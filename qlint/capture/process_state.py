@@ -89,7 +89,12 @@ def model_code(file: str) -> bool:
     standard library or qlint."""
     if file.startswith(("<frozen", TORCH_DIR, _QLINT_DIR + os.sep)):
         return False
-    return not (file.startswith(_STDLIB) and "site-packages" not in file and "dist-packages" not in file)
+    return not standard_library(file)
+
+
+def standard_library(file: str) -> bool:
+    return file.startswith("<frozen") or (file.startswith(_STDLIB) and "site-packages" not in file
+                                          and "dist-packages" not in file)
 
 
 class ProcessReads:
@@ -318,4 +323,4 @@ def _class_place(module: Any) -> tuple[str, int]:
 
 
 __all__ = ["Condition", "MAX_ENVIRONMENT_NAMES", "ENVIRONMENT_VALUES", "ProcessReads", "environment_set", "model_code",
-           "own_code"]
+           "own_code", "standard_library"]

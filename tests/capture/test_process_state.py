@@ -108,7 +108,9 @@ def test_a_dtype_read_by_the_models_own_code_is_seen_in_each_spelling():
 @pytest.mark.parametrize("expression, family", [
     ("x.requires_grad", "autograd"), ("(x * 1).grad_fn is None", "autograd"), ("x.is_leaf", "autograd"),
     ("x.grad", "autograd"), ("x._version > 3", "version"), ("x.data_ptr()", "address"),
-    ("x.untyped_storage()", "address"), ("x._cdata", "address"),
+    ("x.untyped_storage()", "address"), ("x._cdata", "address"), ("x.storage_offset()", "address"),
+    ("x.is_contiguous()", "layout"), ("0 in x.stride()", "layout"), ("x._is_view()", "layout"),
+    ("x.is_inference()", "inference"), ("x._post_accumulate_grad_hooks", "autograd"),
 ])
 def test_a_fact_about_a_tensors_history_is_read_with_its_line(expression, family):
     """What a tensor has been through (graph_check._other_histories runs the model with each other history)."""
@@ -120,7 +122,22 @@ def test_a_fact_about_a_tensors_history_is_read_with_its_line(expression, family
 
 
 def test_values_and_shapes_are_no_history():
-    assert _facts_read("/home/me/project/model.py", "(x.shape[0], x.sum(), x.ndim, x.is_contiguous())") == {}
+    assert _facts_read("/home/me/project/model.py", "(x.shape[0], x.sum(), x.ndim, x.device, x.T, x.numel())") == {}
+
+
+def test_a_fact_read_through_the_standard_library_or_a_tensors_text_is_the_callers():
+    own = "/home/me/project/model.py"
+    assert set(_facts_read(own, "__import__('string').Formatter().format('{0.requires_grad}', x)")) == {"autograd"}
+    assert set(_facts_read(own, "repr(x)")) == {"autograd", "dtype"}
+
+
+def test_a_read_with_torch_function_modes_disabled_is_noted():
+    own = "/home/me/project/model.py"
+    namespace: dict = {}
+    exec(compile("import torch\ndef read(x):\n    with torch._C.DisableTorchFunction():\n        return x.dtype\n",
+                 own, "exec"), namespace)
+    facts = record(_DtypeReader(namespace["read"]), (torch.randn(1, 2),)).facts_read
+    assert set(facts) == {"hidden"} and facts["hidden"].startswith(f"{own}:3 ")  # the dtype read inside is unseen
 
 
 SPELLINGS = {  # a read of process state in the model's own code: the condition's kind

@@ -67,6 +67,7 @@ CONSERVATIVE = {
     # review r12: a forward that takes another path after N calls or in float64 is refused, safe or not
     "r12_callstate.py:closure_counter_linear_safe": "a call counter kept in a closure: state across calls, which one traced call cannot stand for (the path after 176 calls is not seen)",
     "r12_f64copy.py:dtype_is_float64_linear_safe": "a float64 copy takes another path than the float32 model: the graph shows one of them",
+    "r12_version.py:version_keyed_log_safe": "reads a parameter's version counter: a value no run can try every count of, refused by name whatever the forward does with it",
     "r12_safe25.py:linear_attention_elu": "sum_j w_j v_j / (sum_j w_j + eps) with w = (elu(q)+1)(elu(k)+1) >= 0 is a convex combination of the v_j: a relation between numerator and denominator (through two cumsums and a matmul) that the normalisation rules do not read",
     "r12_safe25.py:sliding_window_gqa": "a float mask buffer holding -inf: a float buffer is a parameter, and at other values of it a whole row may be -inf (softmax of it is NaN)",
 }

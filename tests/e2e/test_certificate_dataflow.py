@@ -98,7 +98,7 @@ REFUSED_BECAUSE = {  # what the one-line reason of each refused model names
     "reads_closure_held_value": "a float tensor held outside the module's parameters and buffers",
     "non_contiguous_square": "on non-contiguous inputs",
     "dict_counter_unlock": "the forward changes `stats`",
-    "half_copy_square": "a float16 copy of the model on inputs of that dtype runs other ops than the model "
+    "half_copy_square": "a float16 copy of the model on inputs of that dtype runs other ops than the model as analysed "
                         "(more: add x2, matmul x2, mul x1; fewer: relu x1)",
 }
 

@@ -1,0 +1,153 @@
+"""The other histories a tensor can have, for a forward that reads one (capture/graph_check._other_histories).
+
+A forward that reads what a tensor has been through rather than its value (its autograd state, how it lies in
+memory: :data:`qlint.capture.eager_record.HISTORY_READS`) takes the path that history gives, and training gives it
+others: no gradients in a calibration pass, frozen layers, a sliced or transposed batch. Each history here is a
+context given the inputs, which sets the model's state and yields the inputs to run on, and puts the state back.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+from typing import Any, Callable, Iterator
+
+import torch
+
+from qlint.capture.harness import grad_state
+
+def same_values(given: tuple, inputs: tuple) -> bool:
+    return all(not isinstance(a, torch.Tensor) or (a.shape == b.shape and bool(torch.equal(a.detach(), b.detach())))
+               for a, b in zip(given, inputs))
+
+
+def contiguous(given: tuple) -> tuple:
+    """The same values in fresh memory: the path they take laid out plainly (an expanded batch's reference)."""
+    return tuple(x.detach().contiguous().clone() if isinstance(x, torch.Tensor) else x for x in given)
+
+
+# a context given the inputs: another history for the model, yielding the inputs (with whether they are the same)
+History = Callable[[tuple], Any]
+MAX_FROZEN_ALONE = 32  # modules whose parameters are frozen one at a time (fine-tuning freezes some)
+
+
+def grad_histories(model: torch.nn.Module, inputs: tuple) -> list[tuple[str, History, bool]]:
+    """Gradients off and on; inputs that require grad, or were computed (a block in the middle of a network);
+    the parameters frozen, all of them and each module's alone; after a backward (gradients held); with gradient
+    hooks on every parameter (data-parallel training, an optimizer in the backward)."""
+    parameters = [p for p in model.parameters() if p.requires_grad]
+    owners = parameter_owners(model)
+
+    @contextlib.contextmanager
+    def mode(grad: bool, given: tuple) -> Iterator[tuple]:
+        with grad_state(grad):
+            yield given
+
+    @contextlib.contextmanager
+    def inputs_wanting_grad(computed: bool, given: tuple) -> Iterator[tuple]:
+        with torch.enable_grad():
+            yield tuple(_wanting_grad(x, computed) if isinstance(x, torch.Tensor) and x.is_floating_point() else x
+                        for x in given)
+
+    @contextlib.contextmanager
+    def frozen(held: list[torch.nn.Parameter], given: tuple) -> Iterator[tuple]:
+        with torch.enable_grad():
+            for p in held:
+                p.requires_grad_(False)
+            try:
+                yield given
+            finally:
+                for p in held:
+                    p.requires_grad_(True)
+
+    @contextlib.contextmanager
+    def after_backward(given: tuple) -> Iterator[tuple]:
+        before = [p.grad for p in parameters]
+        with torch.enable_grad():
+            for p in parameters:
+                p.grad = torch.zeros_like(p)
+            try:
+                yield given
+            finally:
+                for p, grad in zip(parameters, before):
+                    p.grad = grad
+
+    @contextlib.contextmanager
+    def hooked(given: tuple) -> Iterator[tuple]:
+        handles = [hook for p in parameters for hook in (p.register_hook(lambda g: g),
+                                                          p.register_post_accumulate_grad_hook(lambda p: None))]
+        with torch.enable_grad():
+            try:
+                yield given
+            finally:
+                for handle in handles:
+                    handle.remove()
+
+    floats = any(isinstance(x, torch.Tensor) and x.is_floating_point() for x in inputs)
+    return [("with gradients off", functools.partial(mode, False), True),
+            ("with gradients on", functools.partial(mode, True), True),
+            *([("on inputs that require grad", functools.partial(inputs_wanting_grad, False), False),
+               ("on inputs computed with gradients (a block inside a network)",
+                functools.partial(inputs_wanting_grad, True), False)] if floats else []),
+            *([("with its parameters frozen (requires_grad False)", functools.partial(frozen, parameters), True),
+               ("after a backward (every parameter holding a gradient)", after_backward, True),
+               ("with gradient hooks on every parameter", hooked, True)] if parameters else []),
+            *[(f"with the parameters of `{name or type(owner).__name__}` frozen alone",
+               functools.partial(frozen, [p for p in owner.parameters(recurse=False) if p.requires_grad]), True)
+              for name, owner in model.named_modules() if owner in owners and len(owners) > 1]]
+
+
+def parameter_owners(model: torch.nn.Module) -> list[torch.nn.Module]:
+    """The modules that hold trainable parameters themselves (what fine-tuning freezes one by one)."""
+    return [m for m in model.modules() if any(p.requires_grad for p in m.parameters(recurse=False))]
+
+
+def _wanting_grad(x: torch.Tensor, computed: bool) -> torch.Tensor:
+    leaf = x.detach().requires_grad_(True)
+    return leaf * 1 if computed else leaf
+
+
+def layout_histories(model: torch.nn.Module, inputs: tuple) -> list[tuple[str, History, bool]]:
+    """The inputs laid out as a batch may come: transposed in memory, channels-last, a slice of a larger batch
+    (an offset into a larger storage, a view), expanded along the batch (stride 0)."""
+
+    def laid_out(form: Callable[[torch.Tensor], torch.Tensor]) -> History:
+        @contextlib.contextmanager
+        def given_so(given: tuple) -> Iterator[tuple]:
+            yield tuple(form(x) if isinstance(x, torch.Tensor) and x.numel() else x for x in given)
+        return given_so
+
+    return [(f"on {what}", laid_out(form), False) for what, form in (
+        ("non-contiguous inputs", transposed), ("channels-last inputs", channels_last),
+        ("inputs sliced from a larger batch", _sliced_from_larger), ("inputs expanded along the batch", _expanded))]
+
+
+def _sliced_from_larger(x: torch.Tensor) -> torch.Tensor:
+    """The same values, the second half of a storage twice their size: an offset, a view, a larger storage."""
+    return torch.cat([x.detach().clone(), x.detach()]).narrow(0, x.shape[0], x.shape[0]) if x.dim() else x
+
+
+def _expanded(x: torch.Tensor) -> torch.Tensor:
+    """The first sample expanded along the batch: stride 0 (other values, compared with their contiguous copy)."""
+    return x[:1].expand_as(x) if x.dim() and x.shape[0] > 1 else x
+
+
+HISTORIES = {"autograd": grad_histories, "layout": layout_histories}
+FACTS = {"autograd": "a tensor's autograd state", "layout": "how a tensor lies in memory"}
+
+
+def transposed(x: torch.Tensor) -> torch.Tensor:
+    """The same values, laid out transposed in memory (a view of a transposed copy): not contiguous."""
+    return x.transpose(-1, -2).contiguous().transpose(-1, -2) if x.dim() >= 2 and x.shape[-1] > 1 else x
+
+
+def channels_last(x: torch.Tensor) -> torch.Tensor:
+    return x.contiguous(memory_format=torch.channels_last) if x.dim() == 4 and x.shape[1] > 1 else x
+
+
+# the forms of its floating inputs a forward can read (x.dtype, x.is_contiguous(), a memory format): what,
+# and the input in that form
+
+
+__all__ = ["FACTS", "HISTORIES", "MAX_FROZEN_ALONE", "channels_last", "contiguous", "grad_histories",
+           "layout_histories", "parameter_owners", "same_values", "transposed"]

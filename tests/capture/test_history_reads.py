@@ -1,0 +1,54 @@
+"""A forward that branches on what a tensor has been through (fixtures/histories.py) is run with each other
+history of what it read, traced there where that history only sets state, or refused by name where no run can
+try every value of it; the same reads choosing how one map is computed are certified."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from conftest import ROOT
+
+SPEC = "fixtures/histories.py"
+# factory: (verdict, max_q, what the failure or a finding says); None where the model is not analysed
+EXPECTED = {
+    "storage_offset": ("failed", None, "reads where a tensor lies in memory (its address, storage or offset)"),
+    "not_contiguous": ("failed", None, "on non-contiguous inputs runs other ops than the model as analysed"),
+    "expanded": ("failed", None, "on inputs expanded along the batch runs other ops"),
+    "grad_held": ("supercritical", 2.0, "after a backward (every parameter holding a gradient)"),
+    "partly_frozen": ("supercritical", 2.0, "with the parameters of `w` frozen alone"),
+    "hooked": ("uncertified", 1.0, "with gradient hooks on every parameter"),
+    "computed_input": ("failed", None, "on inputs computed with gradients (a block inside a network)"),
+    "formatted": ("supercritical", 2.0, "with gradients off"),
+    "printed": ("supercritical", 2.0, ""),  # symbolic_trace's Proxy prints no grad_fn: that path is traced
+    "version_window": ("failed", None, "reads a tensor's version counter"),
+    "torch_function_disabled": ("failed", None, "torch-function modes disabled"),
+    "inference_bound_early": ("supercritical", 2.0, "in inference mode"),
+    "anomaly_detection": ("supercritical", 2.0, "with anomaly detection"),
+    "saved_tensors_offloaded": ("supercritical", 2.0, "with saved tensors offloaded"),
+    "checkpointed_in_training": ("certified", 1.0, ""),
+    "fused_without_gradients": ("certified", 1.0, ""),
+    "hook_in_training": ("certified", 1.0, ""),
+}
+
+
+@pytest.fixture(scope="module")
+def report() -> dict[str, dict]:
+    specs = [f"{SPEC}:{name}" for name in EXPECTED]
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    proc = subprocess.run([sys.executable, "-m", "qlint", *specs, "--format", "json", "--isolated", "--no-cache"],
+                          cwd=ROOT, capture_output=True, text=True, env=env, timeout=1200)
+    assert proc.returncode == 1, proc.stderr[-2000:]
+    return dict(zip(EXPECTED, json.loads(proc.stdout)["models"]))
+
+
+@pytest.mark.parametrize("name", list(EXPECTED))
+def test_a_history_read_is_checked_in_the_history_it_names(report, name):
+    verdict, q, says = EXPECTED[name]
+    model = report[name]
+    assert (model["verdict"], model["max_q"]) == (verdict, q), json.dumps(model)[:1500]
+    assert says in json.dumps(model), json.dumps(model)[:1500]
