@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import importlib.util
+import json
 import os
+import subprocess
 import sys
 from pathlib import Path
 from types import ModuleType
@@ -16,6 +18,16 @@ FIXTURES = ROOT / "fixtures"
 # The result cache stays out of the checkout and out of tests that do not test it (the
 # CLI subprocesses inherit this); tests/ci/test_cache.py turns it on in their own folders.
 os.environ["QLINT_NO_CACHE"] = "1"
+
+
+def qlint_json(specs: list[str], expected_exit: tuple[int, ...] = (1,), **env: str) -> list[dict]:
+    """One ``qlint --format json --isolated --no-cache`` process over ``specs`` (one thread, ``env`` added): the
+    report of each model, in order; the exit code must be one of ``expected_exit``."""
+    proc = subprocess.run([sys.executable, "-m", "qlint", *specs, "--format", "json", "--isolated", "--no-cache"],
+                          cwd=ROOT, capture_output=True, text=True, env=dict(os.environ, OMP_NUM_THREADS="1", **env),
+                          timeout=1200)
+    assert proc.returncode in expected_exit, proc.stderr[-2000:]
+    return json.loads(proc.stdout)["models"]
 
 
 def fixture_spec(name: str) -> str:

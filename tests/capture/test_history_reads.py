@@ -5,13 +5,10 @@ try every value of it; the same reads choosing how one map is computed are certi
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 
 import pytest
 
-from conftest import ROOT
+from conftest import qlint_json
 
 SPEC = "fixtures/histories.py"
 # factory: (verdict, max_q, what the failure or a finding says); None where the model is not analysed
@@ -38,12 +35,7 @@ EXPECTED = {
 
 @pytest.fixture(scope="module")
 def report() -> dict[str, dict]:
-    specs = [f"{SPEC}:{name}" for name in EXPECTED]
-    env = dict(os.environ, OMP_NUM_THREADS="1")
-    proc = subprocess.run([sys.executable, "-m", "qlint", *specs, "--format", "json", "--isolated", "--no-cache"],
-                          cwd=ROOT, capture_output=True, text=True, env=env, timeout=1200)
-    assert proc.returncode == 1, proc.stderr[-2000:]
-    return dict(zip(EXPECTED, json.loads(proc.stdout)["models"]))
+    return dict(zip(EXPECTED, qlint_json([f"{SPEC}:{name}" for name in EXPECTED])))
 
 
 @pytest.mark.parametrize("name", list(EXPECTED))

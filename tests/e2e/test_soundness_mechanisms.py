@@ -16,16 +16,13 @@ input that would break it.
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 
 import pytest
 import torch
 import torch.fx as fx
 from torch import nn
 
-from conftest import ROOT, load_module
+from conftest import ROOT, load_module, qlint_json
 from qlint.analysis import Options, run
 from qlint.growth.dataflow import dataflow, stream_carrying
 from qlint.growth.stream import Stream
@@ -71,12 +68,7 @@ EXPECTED = {  # factory: (verdict, max q) -- the unsafe ones must not be certifi
 
 @pytest.fixture(scope="module")
 def report() -> dict[str, dict]:
-    specs = [f"{SPEC}:{name}" for name in EXPECTED]
-    env = dict(os.environ, OMP_NUM_THREADS="1")
-    proc = subprocess.run([sys.executable, "-m", "qlint", *specs, "--format", "json", "--isolated", "--no-cache"],
-                          cwd=ROOT, capture_output=True, text=True, env=env, timeout=1200)
-    assert proc.returncode == 1, proc.stderr[-2000:]  # findings, and every model analysed
-    models = json.loads(proc.stdout)["models"]
+    models = qlint_json([f"{SPEC}:{name}" for name in EXPECTED])  # exit 1: findings, and every model analysed
     return {name: model for name, model in zip(EXPECTED, models)}
 
 
