@@ -455,6 +455,7 @@ def _compare_in_modes(module: fx.GraphModule, model: torch.nn.Module, inputs: tu
     asked = {**{family: line for family, line in (facts_read or {}).items() if family == "inference"},
              **asked_modes(model, inputs)}
     module.meta["qlint_modes"] = []
+    by_path: list[tuple[str, str, Any, Optional[str]]] = []  # modes compared by outputs, whose path is compared too
     for what, family, mode, rounds in _observed_modes(training):
         if draws and mode is _float64_default:
             continue  # a seeded draw in float64 is another draw: the outputs cannot be compared
@@ -478,6 +479,9 @@ def _compare_in_modes(module: fx.GraphModule, model: torch.nn.Module, inputs: tu
             _compare_again(module, model, scaled, what + (f", inputs scaled by {scale:g}" if scale != 1.0 else ""),
                            scaled=scale != 1.0, rounding=rounds, mode=mode)
         checked.append(what)
+        if not rounds and family not in _OWN_KERNELS:
+            by_path.append((what, family, mode, line))
+    checked += _modes_by_path(model, inputs, by_path, module.meta["qlint_modes"])
     for what, recast in _INPUT_FORMS:
         recast_inputs = tuple(recast(x) if isinstance(x, torch.Tensor) and x.is_floating_point() else x
                               for x in inputs)
@@ -493,6 +497,42 @@ def _compare_in_modes(module: fx.GraphModule, model: torch.nn.Module, inputs: tu
     if facts_read is None or "dtype" in facts_read:  # a branch on float16 is the model's own reading of a dtype
         checked += _reduced_precision_copies(model, inputs)
     return checked + _other_histories(model, inputs, facts_read, module.meta["qlint_modes"])
+
+
+# modes under which torch itself runs other kernels for the same computation: inference mode leaves composite
+# ops undecomposed (``linear`` where autograd's dispatch gives ``addmm``), so its path is not compared
+_OWN_KERNELS = {"inference", "autocast"}
+
+
+def _modes_by_path(model: torch.nn.Module, inputs: tuple, modes: list[tuple[str, str, Any, Optional[str]]],
+                   traced_there: list) -> list[str]:
+    """Outputs agree under a mode also where the branch it takes differs on a thin set of inputs (a gated
+    term), and however the forward reads the mode (a query bound at import, a tensor's state): so the ops the
+    model runs under the modes compared by outputs are compared too, all of them at once (a branch on two of them
+    together is seen) and, where those differ, each alone. A mode whose path differs goes to ``traced_there``: the
+    model is traced in it and that graph analysed too (where only the combination differs, in all of them).
+    Returns what was checked."""
+    if not modes:
+        return []
+    here = _ops_recorded(model, inputs)
+    together = _ops_recorded(model, inputs, functools.partial(_entered, [mode for _, _, mode, _ in modes]))
+    if here is None or together is None or together == here:
+        return ["the same ops under all of them at once"] if here is not None and together is not None else []
+    other = [(what, family, mode, line) for what, family, mode, line in modes
+             if _ops_recorded(model, inputs, functools.partial(_entered, [mode])) not in (None, here)]
+    if not other:
+        combined = [mode for _, _, mode, _ in modes]
+        other = [("under all those modes at once", "modes", lambda: _entered(combined, ()), None)]
+    traced_there += other
+    return [f"{what} (traced there: it runs other ops)" for what, *_ in other]
+
+
+@contextlib.contextmanager
+def _entered(modes: list[Any], given: tuple) -> Iterator[tuple]:
+    with contextlib.ExitStack() as stack:
+        for mode in modes:
+            stack.enter_context(mode())
+        yield given
 
 
 MAX_COPIED_ELEMENTS = 50_000_000  # a reduced-precision copy of a larger model is not made (memory, time)

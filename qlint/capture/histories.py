@@ -28,15 +28,17 @@ def contiguous(given: tuple) -> tuple:
 
 # a context given the inputs: another history for the model, yielding the inputs (with whether they are the same)
 History = Callable[[tuple], Any]
-MAX_FROZEN_ALONE = 32  # modules whose parameters are frozen one at a time (fine-tuning freezes some)
+MAX_FROZEN_ALONE = 32  # modules whose parameters are frozen alone, and all but them (fine-tuning freezes some)
 
 
 def grad_histories(model: torch.nn.Module, inputs: tuple) -> list[tuple[str, History, bool]]:
     """Gradients off and on; inputs that require grad, or were computed (a block in the middle of a network);
-    the parameters frozen, all of them and each module's alone; after a backward (gradients held); with gradient
-    hooks on every parameter (data-parallel training, an optimizer in the backward)."""
+    and, with gradients on and off each: the parameters frozen (all of them, each module's alone, all but each
+    module's: a head fine-tuned), after a backward (gradients held), with gradient hooks on every parameter
+    (data-parallel training, an optimizer in the backward)."""
     parameters = [p for p in model.parameters() if p.requires_grad]
-    owners = parameter_owners(model)
+    owners = [(name or type(owner).__name__, [p for p in owner.parameters(recurse=False) if p.requires_grad])
+              for name, owner in model.named_modules() if owner in parameter_owners(model)]
 
     @contextlib.contextmanager
     def mode(grad: bool, given: tuple) -> Iterator[tuple]:
@@ -50,8 +52,8 @@ def grad_histories(model: torch.nn.Module, inputs: tuple) -> list[tuple[str, His
                         for x in given)
 
     @contextlib.contextmanager
-    def frozen(held: list[torch.nn.Parameter], given: tuple) -> Iterator[tuple]:
-        with torch.enable_grad():
+    def frozen(held: list[torch.nn.Parameter], grad: bool, given: tuple) -> Iterator[tuple]:
+        with grad_state(grad):
             for p in held:
                 p.requires_grad_(False)
             try:
@@ -61,40 +63,46 @@ def grad_histories(model: torch.nn.Module, inputs: tuple) -> list[tuple[str, His
                     p.requires_grad_(True)
 
     @contextlib.contextmanager
-    def after_backward(given: tuple) -> Iterator[tuple]:
+    def after_backward(grad: bool, given: tuple) -> Iterator[tuple]:
         before = [p.grad for p in parameters]
-        with torch.enable_grad():
+        with grad_state(grad):
             for p in parameters:
                 p.grad = torch.zeros_like(p)
             try:
                 yield given
             finally:
-                for p, grad in zip(parameters, before):
-                    p.grad = grad
+                for p, held in zip(parameters, before):
+                    p.grad = held
 
     @contextlib.contextmanager
-    def hooked(given: tuple) -> Iterator[tuple]:
+    def hooked(grad: bool, given: tuple) -> Iterator[tuple]:
         handles = [hook for p in parameters for hook in (p.register_hook(lambda g: g),
                                                           p.register_post_accumulate_grad_hook(lambda p: None))]
-        with torch.enable_grad():
+        with grad_state(grad):
             try:
                 yield given
             finally:
                 for handle in handles:
                     handle.remove()
 
+    states: list[tuple[str, Callable[..., Any]]] = []
+    if parameters:
+        states += [("with its parameters frozen (requires_grad False)", functools.partial(frozen, parameters)),
+                   ("after a backward (every parameter holding a gradient)", after_backward),
+                   ("with gradient hooks on every parameter", hooked)]
+    if len(owners) > 1:
+        states += [state for name, held in owners for state in (
+            (f"with the parameters of `{name}` frozen alone", functools.partial(frozen, held)),
+            (f"with every parameter but `{name}`'s frozen", functools.partial(
+                frozen, [p for p in parameters if all(p is not q for q in held)])))]
     floats = any(isinstance(x, torch.Tensor) and x.is_floating_point() for x in inputs)
     return [("with gradients off", functools.partial(mode, False), True),
             ("with gradients on", functools.partial(mode, True), True),
             *([("on inputs that require grad", functools.partial(inputs_wanting_grad, False), False),
                ("on inputs computed with gradients (a block inside a network)",
                 functools.partial(inputs_wanting_grad, True), False)] if floats else []),
-            *([("with its parameters frozen (requires_grad False)", functools.partial(frozen, parameters), True),
-               ("after a backward (every parameter holding a gradient)", after_backward, True),
-               ("with gradient hooks on every parameter", hooked, True)] if parameters else []),
-            *[(f"with the parameters of `{name or type(owner).__name__}` frozen alone",
-               functools.partial(frozen, [p for p in owner.parameters(recurse=False) if p.requires_grad]), True)
-              for name, owner in model.named_modules() if owner in owners and len(owners) > 1]]
+            *[(what + suffix, functools.partial(state, grad), True)
+              for what, state in states for grad, suffix in ((True, ""), (False, ", with gradients off"))]]
 
 
 def parameter_owners(model: torch.nn.Module) -> list[torch.nn.Module]:
@@ -119,12 +127,18 @@ def layout_histories(model: torch.nn.Module, inputs: tuple) -> list[tuple[str, H
 
     return [(f"on {what}", laid_out(form), False) for what, form in (
         ("non-contiguous inputs", transposed), ("channels-last inputs", channels_last),
-        ("inputs sliced from a larger batch", _sliced_from_larger), ("inputs expanded along the batch", _expanded))]
+        ("inputs sliced from a larger batch", _sliced_from_larger), ("inputs expanded along the batch", _expanded),
+        ("inputs sliced from wider rows (a chunk of a fused projection)", _column_slice))]
 
 
 def _sliced_from_larger(x: torch.Tensor) -> torch.Tensor:
     """The same values, the second half of a storage twice their size: an offset, a view, a larger storage."""
     return torch.cat([x.detach().clone(), x.detach()]).narrow(0, x.shape[0], x.shape[0]) if x.dim() else x
+
+
+def _column_slice(x: torch.Tensor) -> torch.Tensor:
+    """The same values, the first half of rows twice as wide: not contiguous, the last axis' stride still 1."""
+    return torch.cat([x.detach(), x.detach()], -1)[..., : x.shape[-1]] if x.dim() else x
 
 
 def _expanded(x: torch.Tensor) -> torch.Tensor:
