@@ -34,7 +34,7 @@ from dataclasses import dataclass, field
 
 import pytest
 
-from conftest import ROOT
+from conftest import ROOT, qlint_json
 
 pytestmark = pytest.mark.zoo
 HAVE = {name: importlib.util.find_spec(name) is not None for name in ("transformers", "timm", "torchvision")}
