@@ -481,7 +481,9 @@ def _compare_in_modes(module: fx.GraphModule, model: torch.nn.Module, inputs: tu
         checked.append(what)
         if not rounds and family not in _OWN_KERNELS:
             by_path.append((what, family, mode, line))
-    checked += _modes_by_path(model, inputs, by_path, module.meta["qlint_modes"])
+    # the ops the model runs as analysed, recorded once for the path comparisons below
+    here: Callable[[], Optional[Counter]] = functools.cache(lambda: _ops_recorded(model, inputs))
+    checked += _modes_by_path(model, inputs, here, by_path, module.meta["qlint_modes"])
     for what, recast in _INPUT_FORMS:
         recast_inputs = tuple(recast(x) if isinstance(x, torch.Tensor) and x.is_floating_point() else x
                               for x in inputs)
@@ -495,8 +497,8 @@ def _compare_in_modes(module: fx.GraphModule, model: torch.nn.Module, inputs: tu
                        eager_inputs=recast_inputs)
         checked.append(f"on {what}")
     if facts_read is None or "dtype" in facts_read:  # a branch on float16 is the model's own reading of a dtype
-        checked += _reduced_precision_copies(model, inputs)
-    return checked + _other_histories(model, inputs, facts_read, module.meta["qlint_modes"])
+        checked += _reduced_precision_copies(model, inputs, here)
+    return checked + _other_histories(model, inputs, here, facts_read, module.meta["qlint_modes"])
 
 
 # modes under which torch itself runs other kernels for the same computation: inference mode leaves composite
@@ -504,17 +506,17 @@ def _compare_in_modes(module: fx.GraphModule, model: torch.nn.Module, inputs: tu
 _OWN_KERNELS = {"inference", "autocast"}
 
 
-def _modes_by_path(model: torch.nn.Module, inputs: tuple, modes: list[tuple[str, str, Any, Optional[str]]],
-                   traced_there: list) -> list[str]:
+def _modes_by_path(model: torch.nn.Module, inputs: tuple, analysed: Callable[[], Optional[Counter]],
+                   modes: list[tuple[str, str, Any, Optional[str]]], traced_there: list) -> list[str]:
     """Outputs agree under a mode also where the branch it takes differs on a thin set of inputs (a gated
     term), and however the forward reads the mode (a query bound at import, a tensor's state): so the ops the
     model runs under the modes compared by outputs are compared too, all of them at once (a branch on two of them
     together is seen) and, where those differ, each alone. A mode whose path differs goes to ``traced_there``: the
     model is traced in it and that graph analysed too (where only the combination differs, in all of them).
-    Returns what was checked."""
+    ``analysed``: the ops the model runs as analysed. Returns what was checked."""
     if not modes:
         return []
-    here = _ops_recorded(model, inputs)
+    here = analysed()
     together = _ops_recorded(model, inputs, functools.partial(_entered, [mode for _, _, mode, _ in modes]))
     if here is None or together is None or together == here:
         return ["the same ops under all of them at once"] if here is not None and together is not None else []
@@ -538,7 +540,8 @@ def _entered(modes: list[Any], given: tuple) -> Iterator[tuple]:
 MAX_COPIED_ELEMENTS = 50_000_000  # a reduced-precision copy of a larger model is not made (memory, time)
 
 
-def _reduced_precision_copies(model: torch.nn.Module, inputs: tuple) -> list[str]:
+def _reduced_precision_copies(model: torch.nn.Module, inputs: tuple, analysed: Callable[[], Optional[Counter]]
+                              ) -> list[str]:
     """A model is often run as a reduced-precision copy on inputs of that dtype (``model.half()``), where a
     forward may branch on the dtype (a fused kernel for float16). Where the model does not take such inputs
     itself, a copy in bfloat16 and one in float16 are run on them, and must run the ops the model runs, as
@@ -552,7 +555,7 @@ def _reduced_precision_copies(model: torch.nn.Module, inputs: tuple) -> list[str
         return []
     if sum(p.numel() for p in parameters) > MAX_COPIED_ELEMENTS:
         return [f"not on a reduced-precision copy (over {MAX_COPIED_ELEMENTS:,} parameter values)"]
-    checked, here = [], None
+    checked = []
     for dtype in (torch.bfloat16, torch.float16, torch.float64):  # float64: the witness's copy
         recast = tuple(x.to(dtype) if isinstance(x, torch.Tensor) and x.dtype == torch.float32 else x for x in inputs)
         if _eager_runs(model, recast):
@@ -565,9 +568,8 @@ def _reduced_precision_copies(model: torch.nn.Module, inputs: tuple) -> list[str
         theirs = _ops_recorded(copy, recast)
         if theirs is None:
             continue  # the copy does not run (an op without a kernel in that dtype): nothing to stand for
-        here = here if here is not None else _ops_recorded(model, inputs)
         name = str(dtype).replace("torch.", "")
-        _require_same_ops(here, theirs, f"a {name} copy of the model on inputs of that dtype",
+        _require_same_ops(analysed(), theirs, f"a {name} copy of the model on inputs of that dtype",
                           f"the forward takes another path in that dtype, which the graph does not show; trace the "
                           "model in the dtype it runs in")
         checked.append(f"a {name} copy running the same ops")
@@ -582,8 +584,8 @@ def _require_same_ops(here: Optional[Counter], theirs: Counter, what: str, why: 
                             f"fewer: {', '.join(missing) or 'none'}): {why}")
 
 
-def _other_histories(model: torch.nn.Module, inputs: tuple, facts_read: Optional[Mapping[str, str]],
-                     traced_there: list) -> list[str]:
+def _other_histories(model: torch.nn.Module, inputs: tuple, analysed: Callable[[], Optional[Counter]],
+                     facts_read: Optional[Mapping[str, str]], traced_there: list) -> list[str]:
     """A forward that reads what a tensor has been through rather than its value (``u.requires_grad``,
     ``x.is_contiguous()``: :data:`qlint.capture.eager_record.HISTORY_READS`) takes the path that history gives,
     and training gives it others (no gradients in a calibration pass, frozen layers, a sliced batch). The model
@@ -600,7 +602,7 @@ def _other_histories(model: torch.nn.Module, inputs: tuple, facts_read: Optional
         raise GraphMismatch(f"the forward reads a tensor's autograd state, and its {owners} modules with parameters "
                             f"are more than the {histories.MAX_FROZEN_ALONE} qlint freezes one at a time: the path a "
                             "partly frozen model takes is not checked")
-    here = _ops_recorded(model, inputs) if families else None
+    here = analysed() if families else None
     if here is None:
         return []
     checked = []
