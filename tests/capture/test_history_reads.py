@@ -39,9 +39,21 @@ EXPECTED = {
 }
 
 
+# review r14's holes: a configuration the check never varies (module hooks and flags, a Python attribute on the
+# input, a transform it does not run); each must not be certified, and is a known failure until it is not
+OPEN = {
+    "forward_hooked": "a submodule's forward hooks are module state no history varies",
+    "submodule_in_eval": "a submodule's training flag is set only with the whole model's",
+    "attribute_on_the_input": "a Python attribute on the input reaches no torch-function mode",
+    "compiled_only": "the check never runs the model under torch.compile",
+    "vmapped": "the check never runs the model under torch.func.vmap",
+}
+
+
 @pytest.fixture(scope="module")
 def report() -> dict[str, dict]:
-    return dict(zip(EXPECTED, qlint_json([f"{SPEC}:{name}" for name in EXPECTED])))
+    names = [*EXPECTED, *OPEN]
+    return dict(zip(names, qlint_json([f"{SPEC}:{name}" for name in names])))
 
 
 @pytest.mark.parametrize("name", list(EXPECTED))
@@ -50,3 +62,9 @@ def test_a_history_read_is_checked_in_the_history_it_names(report, name):
     model = report[name]
     assert (model["verdict"], model["max_q"]) == (verdict, q), json.dumps(model)[:1500]
     assert says in json.dumps(model), json.dumps(model)[:1500]
+
+
+@pytest.mark.parametrize("name", [pytest.param(name, marks=pytest.mark.xfail(reason=why, strict=True))
+                                  for name, why in OPEN.items()])
+def test_an_open_hole_is_not_certified(report, name):
+    assert report[name]["verdict"] != "certified", json.dumps(report[name])[:800]
