@@ -36,11 +36,13 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 
 from qlint.core.graph import ENGINE_FOLDERS, TORCH_DIR, storage_key
-from qlint.capture.process_state import (ENVIRONMENT_VALUES, Condition, ProcessReads, environment_set, model_code,
-                                         own_code, standard_library)
+from qlint.capture.process_state import (ENVIRONMENT_VALUES, Condition, ProcessReads, answering, environment_set,
+                                         model_code, own_code, standard_library)
 from qlint.capture.harness import tensor_outputs
+from qlint.capture.module_state import cross_reads, flag_reads, hook_reads
 
 _INPUT = "input"  # an input's value: the tracers see those reads themselves
+_DRAWN = "a draw"  # a value of torch's random generator: a read of one is a condition
 # ops whose result is a tensor's value in Python (item, float(), bool(), int(), torch.equal)
 _READS = {torch.ops.aten._local_scalar_dense.default, torch.ops.aten.item.default, torch.ops.aten.equal.default,
           torch.ops.aten.is_nonzero.default}
@@ -75,9 +77,15 @@ class EagerRecord:
     conditions: list[Condition] = field(default_factory=list)  # what it read from the process around it
     outputs: list[torch.Tensor] = field(default_factory=list)  # the last forward's output tensors
     environment_changing: dict[Condition, str] = field(default_factory=dict)  # a value that changes the forward
+    # a query of the process that answered True or False, with its function and answer (process_state.answering)
+    two_valued: dict[Condition, tuple[types.FunctionType, bool]] = field(default_factory=dict)
+    answers_changing: dict[Condition, tuple[types.FunctionType, bool]] = field(default_factory=dict)  # other_answers
     # what the model's code read of a tensor beyond its value, by family (:data:`HISTORY_READS`, and "dtype"),
     # with the first line that read it: the paths those facts can choose are checked (capture/graph_check)
     facts_read: dict[str, str] = field(default_factory=dict)
+    # per module whose code reads training flags (by name, "" the model): the modules whose flags it read, each with
+    # the first line (capture/module_state)
+    flags_read: dict[str, dict[str, str]] = field(default_factory=dict)
     # the globals the model's own code names, each with a function that reads it now
     state_roots: dict[str, Callable[[], Any]] = field(default_factory=dict)
 
@@ -228,8 +236,9 @@ class _Origins(_Dataflow):
     """Records the ops run (:class:`_Dataflow`), and marks each tensor an op returns with the held float
     tensors it was computed from."""
 
-    def __init__(self, model: torch.nn.Module, inputs: tuple) -> None:
+    def __init__(self, model: torch.nn.Module, inputs: tuple, process: ProcessReads) -> None:
         super().__init__()
+        self.process = process
         self.marks: dict[int, tuple[weakref.ref, frozenset[str]]] = {}
         self.inputs = {_storage(x) for x in tree_leaves(inputs) if isinstance(x, torch.Tensor)}
         self.held = {}
@@ -254,7 +263,11 @@ class _Origins(_Dataflow):
         """A read of a value computed from held tensors alone: one computed from an input too is a
         proxy or a fake tensor while traced, and the tracer sees the read itself (a router's top-k)."""
         origins = {o for t in tensors for o in self.origins(t)}
-        if origins and _INPUT not in origins and self.read is None:
+        if _DRAWN in origins:  # a path chosen by a draw: another call may draw the other one
+            frame = _user_frame()
+            if frame is not None:
+                self.process.note("random", "a draw of torch's random generator, read into Python", frame)
+        elif origins and _INPUT not in origins and self.read is None:
             self.read = HeldRead(sorted(origins)[0], _user_line())
 
     def __torch_dispatch__(self, func: Any, types: Any, args: tuple = (), kwargs: Optional[dict] = None) -> Any:
@@ -267,6 +280,8 @@ class _Origins(_Dataflow):
                             if not (t.is_floating_point() or t.is_complex())
                             or (i == 0 and func.name().split("::")[-1] in _SIZE_FROM_DATA)])
         origins = frozenset() if func in _LITERALS else frozenset().union(*(self.origins(t) for t in arguments))
+        if torch.Tag.nondeterministic_seeded in getattr(func, "tags", ()):
+            origins |= {_DRAWN}
         out = self.run(func, args, kwargs, arguments)
         for tensor in tree_leaves(out):
             if isinstance(tensor, torch.Tensor):
@@ -279,9 +294,9 @@ class _Methods(torch.overrides.TorchFunctionMode):
     """The reads that reach no aten op (``tolist``, ``numpy``), and the facts about a tensor other than its
     value that the model's code reads (:data:`HISTORY_READS`, a dtype)."""
 
-    def __init__(self, origins: _Origins) -> None:
+    def __init__(self, origins: _Origins, process: ProcessReads) -> None:
         super().__init__()
-        self.origins_mode = origins
+        self.origins_mode, self.process = origins, process
         self.facts_read: dict[str, str] = {}
 
     def __torch_function__(self, func: Any, types: Any, args: tuple = (), kwargs: Optional[dict] = None) -> Any:
@@ -293,7 +308,9 @@ class _Methods(torch.overrides.TorchFunctionMode):
             # a library's own upcast reads a dtype without branching the model; any other fact counts from any
             # code but torch's (transformers' too)
             if caller is not None and (own_code if family == "dtype" else model_code)(caller.f_code.co_filename):
-                for read in ("dtype", "autograd") if family == "printed" else (family,):
+                if family == "device":  # no run here can put it elsewhere: the certificate holds for the CPU
+                    self.process.note("device", "the device its tensors lie on (the CPU here)", caller)
+                for read in ("dtype", "autograd") if family == "printed" else () if family == "device" else (family,):
                     self.facts_read.setdefault(read, _line(caller))
         return func(*args, **(kwargs or {}))
 
@@ -321,25 +338,56 @@ def _torch_function_disabling(facts_read: dict[str, str]) -> Iterator[None]:
             setattr(torch._C, name, original)
 
 
+@contextlib.contextmanager
+def _attributes_missed(model: torch.nn.Module, facts_read: dict[str, str]) -> Iterator[None]:
+    """Notes (as the fact "attribute") where the model's own code asks a tensor it did not hold for a Python attribute
+    the tensor lacks here (``getattr(x, "packed", False)``): a caller can set one on its inputs, and no
+    torch-function mode sees the read. A parameter's or buffer's attributes are the model's own."""
+    if "__getattr__" in vars(torch.Tensor):
+        yield
+        return
+    held = {id(t) for t in [*model.parameters(), *model.buffers()]}
+
+    def missing(tensor: torch.Tensor, name: str) -> Any:
+        if id(tensor) not in held and "attribute" not in facts_read and not name.startswith("__"):
+            frame = sys._getframe(1)
+            while frame is not None and standard_library(frame.f_code.co_filename):
+                frame = frame.f_back
+            if frame is not None and own_code(frame.f_code.co_filename):  # a library's duck typing is its own
+                facts_read["attribute"] = f"{_line(frame)} (`{name}`)"
+        raise AttributeError(f"'{type(tensor).__name__}' object has no attribute '{name}'")
+
+    torch.Tensor.__getattr__ = missing  # type: ignore[method-assign]
+    try:
+        yield
+    finally:
+        del torch.Tensor.__getattr__
+
+
 def record(model: torch.nn.Module, inputs: tuple, calls: int = 1) -> EagerRecord:
     """``calls`` eager forwards on ``inputs``: the first read of a value computed from held float tensors
     alone, in any of them, the ops the last one ran (``ran`` is False when a forward fails: the
     tracers report that), and what they read from the process (:mod:`qlint.capture.process_state`). The
     caller runs it in the analysed grad mode and restores the model's state."""
-    read, ops, facts_read = None, Counter(), {}
+    read, ops, facts_read, flags = None, Counter(), {}, {}
     process = ProcessReads(model)
     for _ in range(calls):
-        origins = _Origins(model, inputs)
-        methods = _Methods(origins)
+        origins = _Origins(model, inputs, process)
+        methods = _Methods(origins, process)
         try:
             # called as the tracers call it (no cache built)
-            with tensor_outputs(model), origins, methods, process, _torch_function_disabling(methods.facts_read):
+            with tensor_outputs(model), origins, methods, process, _torch_function_disabling(methods.facts_read), \
+                    hook_reads(model, methods.facts_read), flag_reads(model, flags), \
+                    _attributes_missed(model, methods.facts_read):
                 outputs = model(*inputs)
         except Exception:  # noqa: BLE001  (a forward that fails here fails in the tracers too, with its reason)
             return EagerRecord(read or origins.read, conditions=process.conditions)
         read, ops, facts_read = read or origins.read, origins.live_ops(outputs), {**methods.facts_read, **facts_read}
+    crossing = cross_reads(flags)
+    if crossing:  # a path on a combination of modes (capture/graph_check._other_histories runs them)
+        facts_read.setdefault("training", next(iter(next(iter(crossing.values())).values())))
     return EagerRecord(read, ops, ran=True, conditions=process.conditions, facts_read=facts_read,
-                       state_roots=process.state_roots,
+                       flags_read=flags, state_roots=process.state_roots, two_valued=process.two_valued,
                        outputs=[t.detach() for t in tree_leaves(outputs) if isinstance(t, torch.Tensor)])
 
 
@@ -363,6 +411,27 @@ def environment_changing(conditions: list[Condition], again: Callable[[], EagerR
     return changing
 
 
+def other_answers(two_valued: dict[Condition, tuple[types.FunctionType, bool]], again: Callable[[], EagerRecord]
+                  ) -> tuple[list[Condition], dict[Condition, tuple[types.FunctionType, bool]]]:
+    """For each query of the process that answered True or False (``torch.cuda.is_available()``, a backend flag),
+    the forward recorded again with the other answer: the queries whose other answer runs the same ops to the same
+    outputs (no condition: both answers are checked), and those whose other answer computes something else, with
+    the answer (the model is traced there too). A query where the forward fails on the other answer stays a
+    condition."""
+    here = again() if two_valued else None
+    same, changing = [], {}
+    for condition, (function, answer) in two_valued.items():
+        with answering(function, not answer):
+            other = again()
+        if here is None or not here.ran or not other.ran:
+            continue
+        if other.ops == here.ops and _same(other.outputs, here.outputs):
+            same.append(condition)
+        else:
+            changing[condition] = (function, not answer)
+    return same, changing
+
+
 def _same(first: list[torch.Tensor], second: list[torch.Tensor]) -> bool:
     return len(first) == len(second) and all(
         a.shape == b.shape and a.dtype == b.dtype and torch.allclose(a, b, rtol=1e-4, atol=1e-5, equal_nan=True)
@@ -377,14 +446,15 @@ _T = torch.Tensor
 # with (capture/graph_check._other_histories). A version counter and an address take every value training gives
 # them (in-place steps, new batches), which no run can try: a read of one is refused (:data:`REFUSED_FACTS`).
 _CONSTANT_ATTRIBUTES = {"H", "T", "mH", "mT", "real", "imag", "data", "device", "layout", "ndim", "shape", "nbytes",
-                        "name", "volatile", "_has_symbolic_sizes_strides", "_python_dispatch", "is_cpu", "is_cuda",
-                        "is_ipu", "is_maia", "is_meta", "is_mkldnn", "is_mps", "is_mtia", "is_nested", "is_quantized",
-                        "is_sparse", "is_sparse_csr", "is_vulkan", "is_xla", "is_xpu"}
+                        "name", "volatile", "_has_symbolic_sizes_strides", "_python_dispatch", "is_meta", "is_mkldnn",
+                        "is_nested", "is_quantized", "is_sparse", "is_sparse_csr"}
+# whether a tensor lies on an accelerator: qlint runs the model on the CPU, so a branch on it is a condition
+_DEVICE_PREDICATES = ("is_cpu", "is_cuda", "is_ipu", "is_maia", "is_mps", "is_mtia", "is_vulkan", "is_xla", "is_xpu")
 _ATTRIBUTE_FAMILIES = {
     **dict.fromkeys(("dtype", "itemsize"), "dtype"),
     **dict.fromkeys(("requires_grad", "grad_fn", "_grad_fn", "is_leaf", "grad", "_grad", "retains_grad", "output_nr",
                      "_base", "_backward_hooks", "_post_accumulate_grad_hooks", "grad_dtype"), "autograd"),
-    "_version": "version", "_cdata": "address",
+    "_version": "version", "_cdata": "address", **dict.fromkeys(_DEVICE_PREDICATES, "device"),
 }
 HISTORY_READS = {
     # every attribute of a tensor that is no constant; one torch adds later and qlint does not know is refused
@@ -393,7 +463,9 @@ HISTORY_READS = {
        if isinstance(attribute, types.GetSetDescriptorType) and name not in _CONSTANT_ATTRIBUTES},
     **dict.fromkeys((_T.type, _T.element_size), "dtype"),
     **dict.fromkeys((_T.is_contiguous, _T.stride, _T._is_view, _T.is_set_to), "layout"),
-    **dict.fromkeys((_T.data_ptr, _T.untyped_storage, _T.storage, _T._typed_storage, _T.storage_offset), "address"),
+    **dict.fromkeys((_T.data_ptr, _T.untyped_storage, _T.storage, _T._typed_storage, _T.storage_offset, _T.is_shared,
+                     _T.is_pinned), "address"),
+    _T.get_device: "device",
     _T.is_inference: "inference",
     # a tensor's text shows its dtype and autograd state
     **dict.fromkeys((_T.__repr__, _T.__str__, _T.__format__), "printed"),
@@ -406,6 +478,10 @@ REFUSED_FACTS = {
                                                                                     "changes it"),
     "unknown": ("an attribute of a tensor that qlint does not know", "its histories are not known"),
     "hidden": ("torch state with torch-function modes disabled", "qlint cannot see what is read there"),
+    "attribute": ("a Python attribute of a tensor it was given, which the tensor lacks here", "a caller can set it "
+                                                                                              "on its inputs"),
+    "hooks": ("the hooks registered on a module", "a training loop, profiler or feature extractor registers others, "
+                                                  "which no run of the check can try"),
 }
 _PLUMBING = ("/torch/overrides.py", "/torch/_tensor.py")  # how a Tensor method reaches a torch-function mode
 
@@ -447,16 +523,22 @@ def _storage(tensor: torch.Tensor) -> int:
         return -id(tensor)
 
 
-def _user_line() -> str:
-    """The innermost frame outside torch and qlint: ``file.py:40 `code```."""
+def _user_frame() -> Any:
+    """The innermost frame outside torch and qlint."""
     frame = sys._getframe(1)
     while frame is not None:
         file = frame.f_code.co_filename
         if not file.startswith(TORCH_DIR) and not any(folder in file for folder in ENGINE_FOLDERS):
-            code = linecache.getline(file, frame.f_lineno).strip()
-            return f"{file}:{frame.f_lineno} `{code}`"
+            return frame
         frame = frame.f_back
-    return "an unknown line"
+    return None
 
 
-__all__ = ["EagerRecord", "HeldRead", "environment_changing", "missing_ops", "op_key", "ops_run", "record"]
+def _user_line() -> str:
+    """The innermost frame outside torch and qlint: ``file.py:40 `code```."""
+    frame = _user_frame()
+    return _line(frame) if frame is not None else "an unknown line"
+
+
+__all__ = ["EagerRecord", "HeldRead", "environment_changing", "missing_ops", "op_key", "ops_run", "other_answers",
+           "record"]

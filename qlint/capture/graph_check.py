@@ -21,9 +21,12 @@ import torch.fx as fx
 
 from qlint.capture import eager_record, histories, shapes
 from qlint.capture.eager_record import missing_ops, ops_run
+from qlint.capture.module_state import cross_reads
+from qlint.capture.process_state import MODE_QUERIES, mode_query_owner
 from qlint.core.graph import TORCH_DIR, indeterminate, storage_key, strided
-from qlint.capture.harness import (argument_names, first_line, grad_state, has_meta, quiet, restore, snapshot,
-                                   tensor_outputs, tensors)
+from qlint.capture.harness import (argument_names, compiling_mode, cuda_autocast_mode, deterministic_mode,
+                                   first_line, float64_default_mode, grad_state, has_meta, medium_matmul_mode, quiet,
+                                   restore, snapshot, tensor_outputs, tensors)
 
 def shape_coverage(model: torch.nn.Module, module: fx.GraphModule, inputs: Optional[tuple],
                    tracer: str) -> Optional[shapes.ShapeCoverage]:
@@ -178,7 +181,8 @@ def compare_with_eager(model: torch.nn.Module, module: fx.GraphModule, inputs: O
                 _compare_again(module, model, inputs, f"with the parameters {redraw}")
                 restore(model, saved, buffers_only=True)  # what the forward may have updated (BatchNorm's statistics)
         modes = (_compare_in_modes(module, model, inputs, model.training, every_mode=shape_only,
-                                   facts_read=None if eager is None else eager.facts_read) if other_modes else [])
+                                   facts_read=None if eager is None else eager.facts_read,
+                                   flags_read=None if eager is None else eager.flags_read) if other_modes else [])
     finally:
         restore(model, saved)
         torch.random.set_rng_state(state)
@@ -314,7 +318,7 @@ def _held_object(value: Any) -> bool:
             and not type(value).__module__.startswith("torch"))
 
 
-def _observed_modes(training: bool) -> list[tuple[str, str, Any, bool]]:
+def _observed_modes(training: bool, compiling: bool) -> list[tuple[str, str, Any, bool]]:
     """The global modes a forward can read (``torch.is_grad_enabled()``, ``is_inference_mode_enabled()``,
     ``is_autocast_enabled()``, ``get_default_dtype()``, ``are_deterministic_algorithms_enabled()``,
     ``is_anomaly_enabled()``, the saved-tensor hooks on top of autograd's stack):
@@ -322,36 +326,27 @@ def _observed_modes(training: bool) -> list[tuple[str, str, Any, bool]]:
     its rounding). A model analysed in train mode is also run without gradients (a calibration pass);
     one analysed in eval mode is inference, run without gradients, and is not run with them: that
     check refused a sound PatchTST mid-training (nn.MultiheadAttention takes another kernel with
-    gradients, which is the likely reason)."""
+    gradients, which is the likely reason). A graph traced by torch.export was traced compiling, as
+    ``torch.compile`` runs the forward (``compiling``); another tracer's is also run as if compiled. CUDA autocast
+    casts no CPU tensor: only a forward that asks about it (``is_autocast_enabled("cuda")``) takes another path."""
     return [
         *([("with gradients off", "grad", lambda: grad_state(False), False)] if training else []),
+        *([("as torch.compile runs it (torch.compiler.is_compiling() True)", "compile", compiling_mode, False)]
+          if not compiling else []),
         ("in inference mode", "inference", torch.inference_mode, False),
         ("under CPU autocast (bfloat16)", "autocast", lambda: torch.autocast("cpu", dtype=torch.bfloat16), True),
-        ("with float64 as the default dtype", "dtype", _float64_default, False),
-        ("with deterministic algorithms", "deterministic", _deterministic, False),
-        ("with float32 matmul precision 'medium'", "matmul", _medium_matmul, True),
+        ("under CUDA autocast (float16)", "cuda autocast", cuda_autocast_mode, False),
+        ("with float64 as the default dtype", "dtype", float64_default_mode, False),
+        ("with deterministic algorithms", "deterministic", deterministic_mode, False),
+        ("with float32 matmul precision 'medium'", "matmul", medium_matmul_mode, True),
         ("with anomaly detection", "anomaly", lambda: torch.autograd.set_detect_anomaly(True), False),
         ("with saved tensors offloaded (saved-tensor hooks)", "saved", torch.autograd.graph.save_on_cpu, False),
     ]
 
 
-# the functions that read each global mode, by family: torch's (``Tensor.`` on the tensor class, ``_C.`` its
-# builtins); a name imported before the check, or a behaviour (a factory's dtype), is no call of these, and is
-# found where the model is traced in every mode (symbolic_trace) or by the outputs
-_QUERIES = {
-    "grad": ("is_grad_enabled", "_C.is_grad_enabled"),
-    "inference": ("is_inference_mode_enabled", "_C.is_inference_mode_enabled", "is_inference", "Tensor.is_inference"),
-    "autocast": ("is_autocast_enabled", "is_autocast_cpu_enabled", "get_autocast_dtype", "get_autocast_cpu_dtype",
-                 "get_autocast_gpu_dtype", "is_autocast_cache_enabled", "_C.is_autocast_enabled",
-                 "_C._is_any_autocast_enabled", "_C.get_autocast_dtype"),
-    "dtype": ("get_default_dtype", "_C._get_default_dtype"),
-    "deterministic": ("are_deterministic_algorithms_enabled", "is_deterministic_algorithms_warn_only_enabled",
-                      "_C._get_deterministic_algorithms", "_C._get_deterministic_algorithms_warn_only"),
-    "matmul": ("get_float32_matmul_precision", "_C._get_float32_matmul_precision"),
-    "anomaly": ("is_anomaly_enabled", "is_anomaly_check_nan_enabled", "_C.is_anomaly_enabled",
-                "_C.is_anomaly_check_nan_enabled"),
-    "saved": ("_C._autograd._top_saved_tensors_default_hooks",),
-}
+# asked about, a mode the check does not enter: what the forward asks, and why that refuses it
+_UNENTERED = {"functorch": ("whether it runs under a functorch transform (vmap, grad, jacrev)",
+                            "per-sample gradients run it under vmap, which qlint does not")}
 
 
 def asked_modes(model: torch.nn.Module, inputs: tuple) -> dict[str, str]:
@@ -371,13 +366,10 @@ def asked_modes(model: torch.nn.Module, inputs: tuple) -> dict[str, str]:
         return query
 
     try:
-        for family, names in _QUERIES.items():
+        for family, names in MODE_QUERIES.items():
             for name in names:
-                *path, attribute = name.split(".")
-                owner = torch.Tensor if path == ["Tensor"] else torch
-                for step in path if path != ["Tensor"] else ():
-                    owner = getattr(owner, step)
-                if hasattr(owner, attribute):
+                owner, attribute = mode_query_owner(name)
+                if owner is not None and hasattr(owner, attribute):
                     original = getattr(owner, attribute)
                     patched.append((owner, attribute, original, attribute in vars(owner)))
                     setattr(owner, attribute, recording(family, original))
@@ -391,44 +383,14 @@ def asked_modes(model: torch.nn.Module, inputs: tuple) -> dict[str, str]:
     return asked
 
 
-@contextlib.contextmanager
-def _float64_default() -> Iterator[None]:
-    previous = torch.get_default_dtype()
-    torch.set_default_dtype(torch.float64)
-    try:
-        yield
-    finally:
-        torch.set_default_dtype(previous)
-
-
-@contextlib.contextmanager
-def _medium_matmul() -> Iterator[None]:
-    previous = torch.get_float32_matmul_precision()
-    torch.set_float32_matmul_precision("medium")
-    try:
-        yield
-    finally:
-        torch.set_float32_matmul_precision(previous)
-
-
-@contextlib.contextmanager
-def _deterministic() -> Iterator[None]:
-    previous = torch.are_deterministic_algorithms_enabled()
-    warn_only = torch.is_deterministic_algorithms_warn_only_enabled()
-    torch.use_deterministic_algorithms(True, warn_only=True)
-    try:
-        yield
-    finally:
-        torch.use_deterministic_algorithms(previous, warn_only=warn_only)
-
-
 # a branch that adds a small superlinear term shows at the larger scale; a mode that rounds is compared at
 # the example only: bfloat16's drift grows with the inputs' scale (a VOLO: 9 % at the example, 39 % at 10x)
 MODE_SCALES, ROUNDING_SCALES = (1.0, 1e3), (1.0,)
 
 
 def _compare_in_modes(module: fx.GraphModule, model: torch.nn.Module, inputs: tuple, training: bool, *,
-                      every_mode: bool, facts_read: Optional[Mapping[str, str]] = None) -> list[str]:
+                      every_mode: bool, facts_read: Optional[Mapping[str, str]] = None,
+                      flags_read: Optional[Mapping[str, Mapping[str, str]]] = None) -> list[str]:
     """Compare the graph as analysed with the eager model run under every global mode the forward can
     observe, and on its floating inputs in every form a forward can read (bfloat16, float16, not
     contiguous, channels-last) where the model accepts them: the two agree unless
@@ -454,12 +416,15 @@ def _compare_in_modes(module: fx.GraphModule, model: torch.nn.Module, inputs: tu
     # a mode read off a tensor (``x.is_inference()``, however bound) is asked about too
     asked = {**{family: line for family, line in (facts_read or {}).items() if family == "inference"},
              **asked_modes(model, inputs)}
+    for family, (what, why) in _UNENTERED.items():
+        if family in asked:
+            raise GraphMismatch(f"the forward asks {what} at {asked[family]}: {why}")
     module.meta["qlint_modes"] = []
     by_path: list[tuple[str, str, Any, Optional[str]]] = []  # modes compared by outputs, whose path is compared too
-    for what, family, mode, rounds in _observed_modes(training):
-        if draws and mode is _float64_default:
+    for what, family, mode, rounds in _observed_modes(training, compiling=bool(module.meta.get("qlint_compiling"))):
+        if draws and mode is float64_default_mode:
             continue  # a seeded draw in float64 is another draw: the outputs cannot be compared
-        line = asked.get(family)
+        line = asked.get("autocast" if family == "cuda autocast" else family)  # one query asks about both
         traced_there = every_mode or (line is not None and family != "autocast")
         if rounds and line is None and not traced_there:
             continue  # no branch can read a mode the forward never asks about; rounding alone is no branch
@@ -498,7 +463,7 @@ def _compare_in_modes(module: fx.GraphModule, model: torch.nn.Module, inputs: tu
         checked.append(f"on {what}")
     if facts_read is None or "dtype" in facts_read:  # a branch on float16 is the model's own reading of a dtype
         checked += _reduced_precision_copies(model, inputs, here)
-    return checked + _other_histories(model, inputs, here, facts_read, module.meta["qlint_modes"])
+    return checked + _other_histories(model, inputs, here, facts_read, flags_read, module.meta["qlint_modes"])
 
 
 # modes under which torch itself runs other kernels for the same computation: inference mode leaves composite
@@ -585,7 +550,8 @@ def _require_same_ops(here: Optional[Counter], theirs: Counter, what: str, why: 
 
 
 def _other_histories(model: torch.nn.Module, inputs: tuple, analysed: Callable[[], Optional[Counter]],
-                     facts_read: Optional[Mapping[str, str]], traced_there: list) -> list[str]:
+                     facts_read: Optional[Mapping[str, str]], flags_read: Optional[Mapping[str, Mapping[str, str]]],
+                     traced_there: list) -> list[str]:
     """A forward that reads what a tensor has been through rather than its value (``u.requires_grad``,
     ``x.is_contiguous()``: :data:`qlint.capture.eager_record.HISTORY_READS`) takes the path that history gives,
     and training gives it others (no gradients in a calibration pass, frozen layers, a sliced batch). The model
@@ -595,20 +561,35 @@ def _other_histories(model: torch.nn.Module, inputs: tuple, analysed: Callable[[
     ``qlint_modes``): the model is traced in it and that graph analysed too (a fused kernel without gradients
     is another spelling of the same map); one that changes the inputs cannot be traced so, and is refused.
     ``facts_read``: family -> the line that read it (None: unknown, every history is run). Returns what was
-    checked; raises GraphMismatch where an input history runs other ops."""
+    checked; raises GraphMismatch where an input history runs other ops. ``flags_read``: the modules whose code
+    reads training flags, with the flags each read: a module that reads another's is run in every combination of
+    their modes (:func:`qlint.capture.histories.mode_histories`)."""
     families = [family for family in histories.HISTORIES if facts_read is None or family in facts_read]
     owners = len(histories.parameter_owners(model))
     if "autograd" in families and owners > histories.MAX_FROZEN_ALONE:
         raise GraphMismatch(f"the forward reads a tensor's autograd state, and its {owners} modules with parameters "
                             f"are more than the {histories.MAX_FROZEN_ALONE} qlint freezes one at a time: the path a "
                             "partly frozen model takes is not checked")
-    here = analysed() if families else None
-    if here is None:
-        return []
+    combined = [sorted(owners) for owners in cross_reads(flags_read or {}).values()]
+    for names in combined:
+        if len(names) > histories.MAX_FLAGS_COMBINED:
+            raise GraphMismatch(f"the forward reads the training flags of {len(names)} modules together (at "
+                                f"{(facts_read or {}).get('training')}): more than the {histories.MAX_FLAGS_COMBINED} "
+                                "whose every combination of modes qlint tries")
+    runs = {family: functools.partial(histories.HISTORIES[family], model, inputs) for family in families}
+    if combined:
+        runs["training"] = functools.partial(histories.mode_histories, model, combined)
     checked = []
-    for family in families:
+    for what, history, _ in histories.frozen_norm_histories(model) if model.training else ():
+        # traced there whatever ops run: one kind of op computes batch and running statistics alike
+        traced_there.append((what, "frozen", functools.partial(history, inputs), None))
+        checked.append(f"{what} (traced there: its norms compute another map)")
+    here = analysed() if runs else None
+    if here is None:
+        return checked
+    for family, run in runs.items():
         line = (facts_read or {}).get(family)
-        for what, history, same_inputs in histories.HISTORIES[family](model, inputs):
+        for what, history, same_inputs in run():
             given: list[tuple] = []
             theirs = _ops_recorded(model, inputs, history, given)
             if theirs is None:

@@ -128,5 +128,66 @@ def restore(model: torch.nn.Module, saved: dict[str, torch.Tensor], *, buffers_o
                 tensor.data = saved[name].clone()
 
 
-__all__ = ["argument_names", "first_line", "grad_state", "has_meta", "is_hugging_face", "model_state", "quiet",
-           "restore", "snapshot", "tensor_outputs", "tensors"]
+# the global modes a forward can read, as contexts the graph check runs the model in
+
+
+@contextlib.contextmanager
+def compiling_mode() -> Iterator[None]:
+    """The forward as torch.compile traces it: ``torch.compiler.is_compiling()`` and ``is_dynamo_compiling()``
+    True (torch.export's graph was traced so already)."""
+    import torch.compiler as compiler
+
+    flag, dynamo = compiler._is_compiling_flag, compiler.is_dynamo_compiling
+    compiler._is_compiling_flag, compiler.is_dynamo_compiling = True, lambda: True
+    try:
+        yield
+    finally:
+        compiler._is_compiling_flag, compiler.is_dynamo_compiling = flag, dynamo
+
+
+@contextlib.contextmanager
+def cuda_autocast_mode() -> Iterator[None]:
+    """CUDA autocast on, as a GPU's mixed-precision training loop runs the forward: it casts none of the CPU's
+    tensors, so only a forward that asks about it (``torch.is_autocast_enabled("cuda")``) sees it."""
+    previous = torch.is_autocast_enabled("cuda")
+    torch.set_autocast_enabled("cuda", True)
+    try:
+        yield
+    finally:
+        torch.set_autocast_enabled("cuda", previous)
+
+
+@contextlib.contextmanager
+def float64_default_mode() -> Iterator[None]:
+    previous = torch.get_default_dtype()
+    torch.set_default_dtype(torch.float64)
+    try:
+        yield
+    finally:
+        torch.set_default_dtype(previous)
+
+
+@contextlib.contextmanager
+def medium_matmul_mode() -> Iterator[None]:
+    previous = torch.get_float32_matmul_precision()
+    torch.set_float32_matmul_precision("medium")
+    try:
+        yield
+    finally:
+        torch.set_float32_matmul_precision(previous)
+
+
+@contextlib.contextmanager
+def deterministic_mode() -> Iterator[None]:
+    previous = torch.are_deterministic_algorithms_enabled()
+    warn_only = torch.is_deterministic_algorithms_warn_only_enabled()
+    torch.use_deterministic_algorithms(True, warn_only=True)
+    try:
+        yield
+    finally:
+        torch.use_deterministic_algorithms(previous, warn_only=warn_only)
+
+
+__all__ = ["argument_names", "compiling_mode", "cuda_autocast_mode", "deterministic_mode", "first_line", "float64_default_mode",
+           "grad_state", "has_meta", "is_hugging_face", "medium_matmul_mode", "model_state", "quiet", "restore",
+           "snapshot", "tensor_outputs", "tensors"]

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import itertools
 from typing import Any, Callable, Iterator
 
 import torch
@@ -146,8 +147,59 @@ def _expanded(x: torch.Tensor) -> torch.Tensor:
     return x[:1].expand_as(x) if x.dim() and x.shape[0] > 1 else x
 
 
+MAX_FLAGS_COMBINED = 4  # training flags one module's code reads together, every combination of them tried
+
+
+def mode_histories(model: torch.nn.Module, combined: list[list[str]]) -> list[tuple[str, History, bool]]:
+    """Every combination of modes of the modules in each of ``combined`` (a module's code that reads another's
+    training flag decides on the pair: a submodule in eval while the model trains, the frozen-BatchNorm recipe),
+    the mode of each module flipped. Flags of more than :data:`MAX_FLAGS_COMBINED`
+    modules read together are the caller's to refuse."""
+    modules = dict(model.named_modules())
+
+    @contextlib.contextmanager
+    def flipped(names: tuple[str, ...], given: tuple) -> Iterator[tuple]:
+        before = [(modules[name], modules[name].training) for name in names]
+        for module, training in before:
+            module.training = not training
+        try:
+            yield given
+        finally:
+            for module, training in before:
+                module.training = training
+
+    chosen = dict.fromkeys(subset for names in combined for size in range(1, len(names) + 1)
+                           for subset in itertools.combinations(sorted(names), size))
+    return [(f"with the mode of {', '.join(f'`{name or type(model).__name__}`' for name in names)} flipped "
+             "(the rest as analysed)", functools.partial(flipped, names), True) for names in chosen]
+
+
+def frozen_norm_histories(model: torch.nn.Module) -> list[tuple[str, History, bool]]:
+    """A model that trains with BatchNorm layers (or InstanceNorm with running statistics) put in eval mode: the
+    frozen-BatchNorm recipe of fine-tuning. There a norm is the affine map of its running statistics (q 1) where
+    batch statistics bound it (q 0), so a square of it is q 2. The exponent algebra is monotone, so all of them in
+    eval bounds every mix of frozen and training ones; a dropout's mode cannot raise an exponent (a bounded mask),
+    so it is left as analysed."""
+    norms = [m for m in model.modules() if isinstance(m, torch.nn.modules.batchnorm._NormBase) and m.training
+             and m.track_running_stats and m.running_mean is not None]
+
+    @contextlib.contextmanager
+    def frozen(given: tuple) -> Iterator[tuple]:
+        for norm in norms:
+            norm.training = False
+        try:
+            yield given
+        finally:
+            for norm in norms:
+                norm.training = True
+
+    return [("with its BatchNorm layers in eval mode while it trains (frozen statistics)", frozen, True)] if norms \
+        else []
+
+
 HISTORIES = {"autograd": grad_histories, "layout": layout_histories}
-FACTS = {"autograd": "a tensor's autograd state", "layout": "how a tensor lies in memory"}
+FACTS = {"autograd": "a tensor's autograd state", "layout": "how a tensor lies in memory",
+         "training": "the training flags of several modules together"}
 
 
 def transposed(x: torch.Tensor) -> torch.Tensor:
@@ -163,5 +215,6 @@ def channels_last(x: torch.Tensor) -> torch.Tensor:
 # and the input in that form
 
 
-__all__ = ["FACTS", "HISTORIES", "MAX_FROZEN_ALONE", "channels_last", "contiguous", "grad_histories",
-           "layout_histories", "parameter_owners", "same_values", "transposed"]
+__all__ = ["FACTS", "HISTORIES", "MAX_FLAGS_COMBINED", "MAX_FROZEN_ALONE", "channels_last", "contiguous",
+           "frozen_norm_histories", "grad_histories", "layout_histories", "mode_histories", "parameter_owners",
+           "same_values", "transposed"]

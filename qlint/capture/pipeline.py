@@ -47,7 +47,7 @@ from qlint.core.graph import ENGINE_FOLDERS, TORCH_DIR
 from qlint.capture.graph_check import (GraphMismatch, compare_with_eager, eager_failure, require_every_op,
                                       shape_coverage)
 from qlint.core.ops import declared_name
-from qlint.capture.process_state import environment_set
+from qlint.capture.process_state import answering, environment_set
 from qlint.capture.harness import first_line, grad_state, has_meta, is_hugging_face, quiet, restore, snapshot
 from qlint.capture.trace import (ModeGraph, TraceFailure, TracedGraph, ValueSpecialised, export_module, make_fx_module,
                                  non_finite_parameters, redefining_tensor, symbolic_trace_module)
@@ -87,7 +87,8 @@ def capture(model: torch.nn.Module, inputs: Optional[tuple], registry: Any = Non
         if recorded is not None:
             traced.conditions = recorded.conditions
             traced.in_modes += _in_modes(traced.tracer, model, traced.module, inputs, registry, reuse,
-                                         traced.graph_check, _environment_modes(recorded.environment_changing))
+                                         traced.graph_check, _environment_modes(recorded.environment_changing)
+                                         + _answer_modes(recorded.answers_changing))
         return traced
     finally:
         _restore_attributes(model, held)
@@ -143,6 +144,7 @@ def _recorded(model: torch.nn.Module, inputs: tuple) -> eager_record.EagerRecord
                 return eager_record.record(model, inputs)
 
             changing = eager_record.environment_changing(recorded.conditions, again)
+            answered, recorded.answers_changing = eager_record.other_answers(recorded.two_valued, again)
     finally:
         restore(model, saved)
         torch.random.set_rng_state(state)
@@ -159,6 +161,7 @@ def _recorded(model: torch.nn.Module, inputs: tuple) -> eager_record.EagerRecord
                            "forward that branches on it can take a path at a value no check can try, so no graph "
                            "stands for every call; branch on values, shapes and modes only")
     recorded.environment_changing = changing
+    recorded.conditions = [c for c in recorded.conditions if c not in answered and c not in recorded.answers_changing]
     return recorded
 
 
@@ -298,6 +301,13 @@ def _environment_modes(changing: dict[Any, str]) -> list[tuple[str, str, Any, Op
              else f"with the environment variable {condition.name} unset", "environment",
              functools.partial(environment_set, condition.name, value), f"{condition.file}:{condition.line} "
              f"`{condition.code}`") for condition, value in changing.items()]
+
+
+def _answer_modes(changing: dict[Any, tuple[Any, bool]]) -> list[tuple[str, str, Any, Optional[str]]]:
+    """Each query of the process whose other answer changes the forward, as a mode to trace the model in."""
+    return [(f"with {condition.what.split(' (')[0]} answering {answer}", "process",
+             functools.partial(answering, function, answer), f"{condition.file}:{condition.line} `{condition.code}`")
+            for condition, (function, answer) in changing.items()]
 
 
 def _traced_in_mode(tracer: str, model: torch.nn.Module, module: fx.GraphModule, inputs: Optional[tuple],

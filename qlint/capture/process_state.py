@@ -28,7 +28,9 @@ import contextlib
 import contextvars
 import ctypes
 import dis
+import enum
 import functools
+import inspect
 import linecache
 import os
 import random
@@ -58,6 +60,68 @@ _THREAD_IDENTITY = {threading.get_ident, threading.get_native_id, threading.curr
 _TORCH_SETTINGS = {torch.get_num_threads, torch.get_num_interop_threads}
 _THREAD_STATE = (threading.local, contextvars.ContextVar)
 MAX_ENVIRONMENT_NAMES = 5  # a forward that copies the whole environment is one condition, not hundreds
+
+# The functions that read each global mode torch has, by family, named from ``torch`` (``Tensor.`` on the tensor
+# class, ``_C.`` its builtins): capture/graph_check runs the model in each mode (or, for "functorch", refuses a
+# forward that asks), so a call of one is no condition. A name imported before the check is no call of these, and
+# is found where the model is traced in every mode (symbolic_trace) or by the outputs.
+MODE_QUERIES = {
+    "grad": ("is_grad_enabled", "_C.is_grad_enabled"),
+    "inference": ("is_inference_mode_enabled", "_C.is_inference_mode_enabled", "is_inference", "Tensor.is_inference"),
+    "autocast": ("is_autocast_enabled", "is_autocast_cpu_enabled", "get_autocast_dtype", "get_autocast_cpu_dtype",
+                 "get_autocast_gpu_dtype", "is_autocast_cache_enabled", "_C.is_autocast_enabled",
+                 "_C._is_any_autocast_enabled", "_C.get_autocast_dtype"),
+    "dtype": ("get_default_dtype", "_C._get_default_dtype"),
+    "deterministic": ("are_deterministic_algorithms_enabled", "is_deterministic_algorithms_warn_only_enabled",
+                      "_C._get_deterministic_algorithms", "_C._get_deterministic_algorithms_warn_only"),
+    "matmul": ("get_float32_matmul_precision", "_C._get_float32_matmul_precision"),
+    "anomaly": ("is_anomaly_enabled", "is_anomaly_check_nan_enabled", "_C.is_anomaly_enabled",
+                "_C.is_anomaly_check_nan_enabled"),
+    "saved": ("_C._autograd._top_saved_tensors_default_hooks",),
+    "compile": ("compiler.is_compiling", "compiler.is_dynamo_compiling", "_dynamo.is_compiling", "_utils.is_compiling",
+                "_dynamo.external_utils.is_compiling"),
+    "functorch": ("_C._functorch.is_batchedtensor", "_C._functorch.is_functorch_wrapped_tensor",
+                  "_C._functorch.is_gradtrackingtensor", "_C._functorch.maybe_get_level", "_C._functorch.maybe_get_bdim",
+                  "_C._functorch.peek_interpreter_stack", "_C._are_functorch_transforms_active",
+                  "_functorch.pyfunctorch.retrieve_current_functorch_interpreter"),
+}
+
+
+def mode_query_owner(name: str) -> tuple[Any, str]:
+    """The object that holds the query ``name`` of :data:`MODE_QUERIES`, and its attribute; the owner is None where a
+    module on the way is not imported (nothing the forward ran can have asked it)."""
+    *path, attribute = name.split(".")
+    owner: Any = torch.Tensor if path == ["Tensor"] else torch
+    for step in path if path != ["Tensor"] else ():
+        owner = vars(owner).get(step) if owner is not None else None
+    return owner, attribute
+
+
+def _mode_queries() -> frozenset[Any]:
+    """The code objects (Python) and functions (builtins) of :data:`MODE_QUERIES` loaded now."""
+    found = set()
+    for names in MODE_QUERIES.values():
+        for name in names:
+            owner, attribute = mode_query_owner(name)
+            function = getattr(owner, attribute, None) if owner is not None else None
+            if function is not None:
+                found.add(getattr(function, "__code__", function))
+    return frozenset(found)
+
+
+# What the model's own code may call outside itself without reading the process: builtins that compute on their
+# arguments, and the standard library's pure modules (a call of anything else that takes no tensor and no module and
+# returns a plain value -- a flag, a count, a device -- reads the process: ``torch.cuda.is_available()``,
+# ``dist.is_initialized()``, ``os.cpu_count()``, a logger's level, a backend flag: a condition). A builtin method of
+# an object (``dict.get``) reads that object, which the graph check follows as state.
+_PURE_MODULES = frozenset({"builtins", "math", "cmath", "_operator", "operator", "itertools", "functools",
+                           "_functools", "collections", "_collections", "_abc", "abc", "copy", "dataclasses", "enum",
+                           "typing", "types", "re", "string", "textwrap", "numbers", "fractions", "decimal", "warnings",
+                           "contextlib", "weakref", "_weakref", "_struct", "struct", "_bisect", "bisect", "_heapq",
+                           "heapq", "einops", "numpy"})
+_PROCESS_BUILTINS = frozenset({"open", "input", "id", "hash", "globals", "locals", "vars", "dir", "breakpoint", "exec",
+                               "eval", "compile", "__import__"})
+_PLAIN_VALUES = (bool, int, float, complex, str, bytes, torch.device, torch.dtype)
 
 
 # the values a switch in the environment takes (unset, empty, the usual spellings of off and on): a forward that
@@ -102,6 +166,10 @@ class ProcessReads:
 
     def __init__(self, model: Any) -> None:
         self.found: dict[tuple[str, str], Condition] = {}
+        self.queries: dict[int, tuple[types.FrameType, str]] = {}  # a query's frame -> (the caller, its name)
+        # a query that answered True or False: its function and answer (the other answer can be tried: answering)
+        self.two_valued: dict[Condition, tuple[types.FunctionType, bool]] = {}
+        self.mode_queries = _mode_queries()
         self.names_seen: dict[Any, list[tuple[str, str, Optional[int]]]] = {}  # code -> process state it names
         self.environment: list[str] = []
         # the globals the model's own code names, each with a function that reads it now: a call counter kept
@@ -126,8 +194,9 @@ class ProcessReads:
         return [c for c in self.found.values()
                 if not (c.kind == "environment" and not c.name and (c.file, c.line) in named)]
 
-    def _note(self, kind: str, what: str, frame: Optional[types.FrameType], line: Optional[int] = None,
-              name: str = "") -> None:
+    def note(self, kind: str, what: str, frame: Optional[types.FrameType], line: Optional[int] = None,
+             name: str = "") -> None:
+        """A condition (its first read of each kind and what), read by the code of ``frame``."""
         if frame is not None and (kind, what) not in self.found:
             self.found[(kind, what)] = Condition(kind, what, frame.f_code.co_filename, line or frame.f_lineno,
                                                  name=name)
@@ -149,23 +218,61 @@ class ProcessReads:
                 self._environment_read(frame)
             elif own_code(code.co_filename):  # the model's own code reads what it names (an installed package's
                 for kind, what, line in self._state_named(frame):  # reads are its configuration)
-                    self._note(kind, what, frame, line)
+                    self.note(kind, what, frame, line)
+            elif frame.f_back is not None and own_code(frame.f_back.f_code.co_filename):
+                self._called_out(frame)
+        elif event == "return":
+            query = self.queries.pop(id(frame), None) if self.queries else None
+            if query is not None and isinstance(arg, (*_PLAIN_VALUES, enum.Enum)):
+                caller, name = query
+                what = f"the value of `{name}` ({arg!r} here)"
+                self.note("process", what, caller)
+                function = _function_of(frame) if isinstance(arg, bool) else None
+                if function is not None and ("process", what) in self.found:
+                    self.two_valued.setdefault(self.found[("process", what)], (function, arg))
         elif event == "c_call":
+            owner = getattr(arg, "__self__", None)
+            if isinstance(owner, types.ModuleType) and own_code(frame.f_code.co_filename) and (
+                    owner.__name__ not in _PURE_MODULES or arg.__name__ in _PROCESS_BUILTINS) \
+                    and not owner.__name__.startswith("torch") and arg not in self.mode_queries:
+                self.note("process", f"the value of `{owner.__name__}.{arg.__name__}()`", frame)
             if arg in _STACK_READS and (model_code(frame.f_code.co_filename)
                                         or frame.f_code.co_filename.endswith(_STACK_READERS)):
-                self._note("call stack", "the call stack (who calls the model)", _reader(frame))
+                self.note("call stack", "the call stack (who calls the model)", _reader(frame))
             elif arg in _CLOCKS:
-                self._note("clock", f"the clock (`time.{arg.__name__}`)", _reader(frame))
+                self.note("clock", f"the clock (`time.{arg.__name__}`)", _reader(frame))
             elif arg in _THREAD_IDENTITY:
-                self._note("thread state", f"the thread running the model (`{arg.__name__}`)", _reader(frame))
+                self.note("thread state", f"the thread running the model (`{arg.__name__}`)", _reader(frame))
             elif arg in _TORCH_SETTINGS:
-                self._note("torch setting", f"torch's `{arg.__name__}()`, which qlint does not vary", _reader(frame))
+                self.note("torch setting", f"torch's `{arg.__name__}()`, which qlint does not vary", _reader(frame))
             elif isinstance(getattr(arg, "__self__", None), contextvars.ContextVar):
-                self._note("thread state", _describe(arg.__self__, ""), _reader(frame))
+                self.note("thread state", _describe(arg.__self__, ""), _reader(frame))
             elif _draws(arg):
-                self._note("random", f"a draw of a random generator other than torch's (`{arg.__name__}`)",
+                self.note("random", f"a draw of a random generator other than torch's (`{arg.__name__}`)",
                            _reader(frame))
 
+
+    def _called_out(self, frame: types.FrameType) -> None:
+        """A function outside the model's own code that its code calls: a query of the process when it is asked
+        with no argument (``dist.is_initialized()``) or of an object (``logger.isEnabledFor(10)``, a backend flag's
+        descriptor), unless it is pure, a mode the graph check enters, or given a tensor or a module (a computation,
+        the model's own state); a function of plain arguments computes on them. What it returns decides
+        (:meth:`_event`'s "return")."""
+        code = frame.f_code
+        module = frame.f_globals.get("__name__", "")
+        if module.split(".")[0] in _PURE_MODULES or code in self.mode_queries:
+            return
+        names = code.co_varnames[:code.co_argcount + code.co_kwonlyargcount + bool(code.co_flags & inspect.CO_VARARGS)
+                                 + bool(code.co_flags & inspect.CO_VARKEYWORDS)]
+        arguments = [frame.f_locals.get(name) for name in names]
+        values = [v for a in arguments for v in (a.values() if isinstance(a, dict) else a
+                                                   if isinstance(a, (tuple, list)) else (a,))]
+        if any(isinstance(value, (torch.Tensor, torch.nn.Module)) for value in values):
+            return
+        method = bool(names) and names[0] in ("self", "cls") and not isinstance(arguments[0], _PLAIN_VALUES)
+        if not method and any(value is not None for value in values):
+            return  # a function of its arguments
+        self.queries[id(frame)] = (frame.f_back, f"{module}.{getattr(code, 'co_qualname', code.co_name)}")
 
     def _environment_read(self, frame: types.FrameType) -> None:
         reader = _reader(frame)
@@ -178,9 +285,9 @@ class ProcessReads:
         self.environment.append(name)
         if len(self.environment) <= MAX_ENVIRONMENT_NAMES:
             state = "unset here" if os.environ.get(name) is None else "as set here"
-            self._note("environment", f"the environment variable {name} ({state})", reader, name=name)
+            self.note("environment", f"the environment variable {name} ({state})", reader, name=name)
         elif len(self.environment) == MAX_ENVIRONMENT_NAMES + 1:
-            self._note("environment", f"more environment variables (the first {MAX_ENVIRONMENT_NAMES} are named)",
+            self.note("environment", f"more environment variables (the first {MAX_ENVIRONMENT_NAMES} are named)",
                        reader)
 
     def _state_named(self, frame: types.FrameType) -> list[tuple[str, str, Optional[int]]]:
@@ -284,6 +391,37 @@ def environment_set(name: str, value: Optional[str]) -> Iterator[None]:
             os.environ[name] = before
 
 
+def _answer_true(*args: Any, **kwargs: Any) -> bool:
+    return True
+
+
+def _answer_false(*args: Any, **kwargs: Any) -> bool:
+    return False
+
+
+def _function_of(frame: types.FrameType) -> Optional[types.FunctionType]:
+    """The module-level function or class method whose code the frame runs, found by its qualified name; None for
+    a local function or one with a closure (its answer cannot be swapped)."""
+    owner: Any = frame.f_globals
+    for part in getattr(frame.f_code, "co_qualname", frame.f_code.co_name).split("."):
+        owner = owner.get(part) if isinstance(owner, dict) else vars(owner).get(part) if hasattr(owner, "__dict__") \
+            else None
+        owner = getattr(owner, "__func__", owner)  # a staticmethod's or classmethod's function
+    return owner if isinstance(owner, types.FunctionType) and owner.__code__ is frame.f_code \
+        and owner.__closure__ is None else None
+
+
+@contextlib.contextmanager
+def answering(function: types.FunctionType, answer: bool) -> Iterator[None]:
+    """``function`` answers ``answer`` for the block, wherever it is called from (its code swapped)."""
+    code = function.__code__
+    function.__code__ = (_answer_true if answer else _answer_false).__code__
+    try:
+        yield
+    finally:
+        function.__code__ = code
+
+
 def _draws(function: Any) -> bool:
     """A method of Python's or NumPy's random generators (``random.random`` is one of ``random._inst``)."""
     owner = getattr(function, "__self__", None)
@@ -314,13 +452,11 @@ def _reader(frame: types.FrameType) -> Optional[types.FrameType]:
 
 
 def _class_place(module: Any) -> tuple[str, int]:
-    import inspect
-
     try:
         return inspect.getsourcefile(type(module)) or "?", inspect.getsourcelines(type(module))[1]
     except (OSError, TypeError):
         return "?", 0
 
 
-__all__ = ["Condition", "MAX_ENVIRONMENT_NAMES", "ENVIRONMENT_VALUES", "ProcessReads", "environment_set", "model_code",
-           "own_code", "standard_library"]
+__all__ = ["Condition", "ENVIRONMENT_VALUES", "answering", "MAX_ENVIRONMENT_NAMES", "MODE_QUERIES", "ProcessReads",
+           "environment_set", "mode_query_owner", "model_code", "own_code", "standard_library"]

@@ -400,6 +400,7 @@ def export_module(model: torch.nn.Module, inputs: tuple, *,
         module = program.module()
     hops.inline_bodies(module)
     module.meta["qlint_shape_guards"] = guards
+    module.meta["qlint_compiling"] = True  # traced with torch.compiler.is_compiling() True, as torch.compile runs it
     module.meta["qlint_dynamic"] = dynamic is not None and any(
         not isinstance(size, int) for n in module.graph.nodes if n.op == "placeholder"
         for size in getattr(n.meta.get("val"), "shape", ()))

@@ -36,17 +36,23 @@ EXPECTED = {
     "hook_in_training": ("certified", 1.0, ""),
     "contiguous_when_needed": ("certified", 1.0, "on inputs sliced from wider rows"),  # the layout histories ran
     "device_and_shape_reads": ("certified", 1.0, ""),
+    # review r14: module state, a Python attribute on the input, a transform (compile, vmap)
+    "forward_hooked": ("failed", None, "reads the hooks registered on a module at"),
+    "submodule_in_eval": ("supercritical", 2.0, "with the mode of `u` flipped (the rest as analysed) (traced there"),
+    "attribute_on_the_input": ("failed", None, "reads a Python attribute of a tensor it was given"),
+    "compiled_only": ("supercritical", 2.0, "as torch.compile runs it"),
+    "vmapped": ("failed", None, "asks whether it runs under a functorch transform (vmap, grad, jacrev)"),
+    "checked_unless_compiled": ("certified", 1.0, "\"tracer\": \"export\""),  # export traces as compile runs it
+    "fused_when_compiled": ("certified", 1.0, "as torch.compile runs it"),
+    "head_follows_the_body": ("certified", 1.0, "with the mode of `a` flipped (the rest as analysed) (traced there"),
+    "parameter_attribute": ("certified", 1.0, ""),
+    "frozen_batchnorm_square": ("supercritical", 2.0, "with its BatchNorm layers in eval mode while it trains"),
+    "frozen_batchnorm_relu": ("certified", 1.0, "with its BatchNorm layers in eval mode while it trains"),
 }
-
-
-# review r14's holes: a configuration the check never varies (module hooks and flags, a Python attribute on the
-# input, a transform it does not run); each must not be certified, and is a known failure until it is not
+# reads of the platform no mechanism sees yet: each must not be certified, a known failure until one does
 OPEN = {
-    "forward_hooked": "a submodule's forward hooks are module state no history varies",
-    "submodule_in_eval": "a submodule's training flag is set only with the whole model's",
-    "attribute_on_the_input": "a Python attribute on the input reaches no torch-function mode",
-    "compiled_only": "the check never runs the model under torch.compile",
-    "vmapped": "the check never runs the model under torch.func.vmap",
+    "device_type_branch": "`x.device.type` is an attribute of a device object, which no torch-function mode sees",
+    "torch_builtin_query": "a call into torch's C extension from the model's code is taken for a torch computation",
 }
 
 

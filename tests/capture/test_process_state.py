@@ -13,7 +13,7 @@ import torch
 from torch import nn
 
 from qlint.capture.eager_record import record
-from qlint.capture.process_state import environment_set
+from qlint.capture.process_state import answering, environment_set
 
 
 def _compiled(file: str):
@@ -164,3 +164,73 @@ def test_each_spelling_of_process_state_is_a_condition(spelling):
     namespace: dict = {}
     exec(compile(source, "/home/me/project/switches.py", "exec"), namespace)
     assert kind in {condition.kind for condition in _conditions(namespace["switch"])}
+
+
+QUERIES = {  # a query of the process (no argument, or of an object): a condition of kind "process", its answer named
+    "CUDA": ("import torch\ndef switch():\n    return torch.cuda.is_available()\n", "torch.cuda.is_available"),
+    "process group": ("import torch.distributed as dist\ndef switch():\n    return dist.is_initialized()\n",
+                      "is_initialized"),
+    "backend flag": ("import torch\ndef switch():\n    return torch.backends.cudnn.benchmark\n", "ContextProp.__get__"),
+    "logger level": ("import logging\ndef switch():\n    return logging.getLogger('m').isEnabledFor(10)\n",
+                     "Logger.isEnabledFor"),
+    "cores": ("import os\ndef switch():\n    return os.cpu_count() > 256\n", "cpu_count()"),
+    "threads": ("import threading\ndef switch():\n    return threading.active_count() > 4\n", "threading.active_count"),
+}
+
+
+@pytest.mark.parametrize("spelling", list(QUERIES))
+def test_a_query_of_the_platform_is_a_condition_naming_its_answer(spelling):
+    """Whatever the platform fact (review r15): a call outside the model's code that is asked nothing or asks an
+    object, and answers a plain value, reads the process."""
+    source, name = QUERIES[spelling]
+    namespace: dict = {}
+    exec(compile(source, "/home/me/project/switches.py", "exec"), namespace)
+    found = [c for c in _conditions(namespace["switch"]) if c.kind == "process"]
+    assert len(found) == 1 and name in found[0].what and found[0].line == 3, found
+
+
+def test_pure_computations_and_checked_modes_are_no_condition():
+    """A function of plain arguments (an installed helper), the standard library's pure modules, and the modes the
+    graph check enters (is_grad_enabled, is_compiling) read nothing it cannot vary."""
+    helper: dict = {}
+    exec(compile("def divisible(n, k):\n    return n % k == 0\n", INSTALLED, "exec"), helper)
+    namespace: dict = {"divisible": helper["divisible"]}
+    exec(compile("import math, torch\ndef switch():\n    return (divisible(64, 8), math.sqrt(4), "
+                 "torch.is_grad_enabled(), torch.compiler.is_compiling(), len([1]))\n",
+                 "/home/me/project/switches.py", "exec"), namespace)
+    assert _conditions(namespace["switch"]) == []
+
+
+def test_a_two_valued_query_is_answered_both_ways_and_put_back():
+    """Its other answer is tried (capture/pipeline traces the model there where it changes the forward)."""
+    namespace: dict = {}
+    exec(compile("import torch\ndef switch():\n    return torch.cuda.is_available()\n",
+                 "/home/me/project/switches.py", "exec"), namespace)
+    recorded = record(_Reads(namespace["switch"]), (torch.randn(1, 2),))
+    [(function, answer)] = recorded.two_valued.values()
+    assert function is torch.cuda.is_available and answer is torch.cuda.is_available()
+    with answering(function, not answer):
+        assert torch.cuda.is_available() is (not answer)
+    assert torch.cuda.is_available() is answer
+
+
+class _Device(nn.Module):
+    def __init__(self, read):
+        super().__init__()
+        self.read, self.f = read, nn.Linear(2, 2)
+
+    def forward(self, x):
+        return x + self.f(x) * (2 if self.read(x) else 1)
+
+
+def test_the_device_and_a_random_draw_read_into_python_are_conditions():
+    """No run here puts a batch on a GPU or forces a draw: the certificate holds for the CPU and the draws made."""
+    for expression, kind in (("x.is_cuda", "device"), ("x.get_device() >= 0", "device"),
+                             ("bool(torch.rand(()) < 0.5)", "random")):
+        namespace: dict = {}
+        exec(compile(f"import torch\ndef read(x):\n    return {expression}\n", "/home/me/project/m.py", "exec"),
+             namespace)
+        conditions = record(_Device(namespace["read"]), (torch.randn(1, 2),)).conditions
+        assert [(c.kind, c.line) for c in conditions] == [(kind, 3)], (expression, conditions)
+    # the device passed along to a factory (the commonest read) is no branch
+    assert record(_Device(lambda x: torch.zeros((), device=x.device) > 1), (torch.randn(1, 2),)).conditions == []

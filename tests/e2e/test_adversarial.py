@@ -53,6 +53,10 @@ CONSERVATIVE = {
     "r8_divisors.py:fmod_inf_linear_safe": "a float buffer holding inf is unknown wherever it is read (fmod by inf keeps its dividend: linear here, but a rule reading the buffer as a finite constant would not be sound)",
     "r6_casts.py:own_shift_int64_safe": "an integer cast is not followed by the relations: past 2^63 a float -> int64 conversion wraps to INT64_MIN, so n / (int64(n) + 1) then grows like n (exact only below 9.2e18, which the label measures)",
     "r1_buffers.py:denorm_with_running_std_safe": "a buffer the forward writes (running statistics) read by value outside BatchNorm is unknown",
+    # review r15: a platform fact no run here can vary stays a condition of the certificate (QL109)
+    "r15_safe.py:device_dispatch": "a branch on the device (x.is_cuda): the GPU path cannot be run on this CPU, so the certificate holds for the CPU only",
+    "r15_safe.py:ddp_aware_mean": "with a process group the forward calls dist.get_world_size(), which fails without one: that answer cannot be run, so it stays a condition",
+    "r15_safe.py:stochastic_depth": "a Python branch on a draw of torch's generator: the other draw is not forced, so the path stays a condition",
     # review c1 (issue 39's safe controls): the 12 of 60 still refused, each with the rule it lacks
     "c1_masked.py:timesfm_masked_revin": "mean and spread over a data-dependent 0/1 mask: no normalisation rule takes masked statistics (only an all-ones mask is rewritten to a mean)",
     "r10_wrap.py:small_scale_interval_safe": "a comparison of c v with a number is read as one of v in floating dtypes only (an integer product wraps past its range): here the integers do not reach it",

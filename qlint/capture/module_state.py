@@ -1,0 +1,178 @@
+"""What a forward's code reads off its modules rather than off tensors: the hooks registered on them and their
+training flags.
+
+A training loop, a profiler or a feature extractor registers hooks qlint never sees, and a frozen-BatchNorm
+recipe puts one submodule in eval mode while the rest trains: a forward that branches on either takes a path the
+graph, traced on the module as given, does not hold. Neither read reaches a torch-function mode (they are plain
+Python attributes), so they are watched where they live while one recorded forward runs:
+
+* every hook registry (each module's ``_forward_hooks`` and its kin, and ``torch.nn.modules.module``'s global ones)
+  is swapped for a copy that notes a read from the model's code (:func:`hook_reads`); torch's own dispatch of the
+  hooks is not the model's read. No run can try every hook a user may register, so such a read is refused;
+* ``training`` gets a class-level property on every module class while the forward runs (:func:`flag_reads`): a
+  read from the model's code is noted with the module whose code reads it (the innermost ``self`` on the Python
+  stack that is a module), so a forward that reads another module's flag is known, with the flags it combines.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import linecache
+import sys
+from collections import OrderedDict
+from typing import Any, Iterator, Optional
+
+import torch
+
+from qlint.capture.process_state import model_code, standard_library
+
+_HOOK_REGISTRIES = ("_forward_hooks", "_forward_pre_hooks", "_backward_hooks", "_backward_pre_hooks",
+                    "_forward_hooks_with_kwargs", "_forward_pre_hooks_with_kwargs", "_forward_hooks_always_called",
+                    "_state_dict_hooks", "_state_dict_pre_hooks", "_load_state_dict_pre_hooks",
+                    "_load_state_dict_post_hooks")
+
+
+def _model_frame(depth: int) -> Optional[Any]:
+    """The frame ``depth`` above the caller, past the standard library's (``len``, ``any`` are builtins and
+    leave no frame), when its code is the model's; else None."""
+    frame = sys._getframe(depth + 1)
+    while frame is not None and standard_library(frame.f_code.co_filename):
+        frame = frame.f_back
+    return frame if frame is not None and model_code(frame.f_code.co_filename) else None
+
+
+def line_of(frame: Any) -> str:
+    file = frame.f_code.co_filename
+    return f"{file}:{frame.f_lineno} `{linecache.getline(file, frame.f_lineno).strip()}`"
+
+
+class _WatchedRegistry(OrderedDict):
+    """A hook registry that notes the first read by the model's code (its length, truth, keys or items)."""
+
+    def _read(self) -> None:
+        lines = self.watch_lines  # type: ignore[attr-defined]
+        if lines is not None and "hooks" not in lines:
+            frame = _model_frame(2)
+            if frame is not None:
+                lines["hooks"] = line_of(frame)
+
+    def __len__(self) -> int:
+        self._read()
+        return super().__len__()
+
+    def __iter__(self) -> Iterator[Any]:
+        self._read()
+        return super().__iter__()
+
+    def __contains__(self, key: object) -> bool:
+        self._read()
+        return super().__contains__(key)
+
+    def __getitem__(self, key: Any) -> Any:
+        self._read()
+        return super().__getitem__(key)
+
+    def get(self, key: Any, default: Any = None) -> Any:
+        self._read()
+        return super().get(key, default)
+
+    def keys(self) -> Any:
+        self._read()
+        return super().keys()
+
+    def values(self) -> Any:
+        self._read()
+        return super().values()
+
+    def items(self) -> Any:
+        self._read()
+        return super().items()
+
+
+@contextlib.contextmanager
+def hook_reads(model: torch.nn.Module, facts_read: dict[str, str]) -> Iterator[None]:
+    """While the block runs, a read of any hook registry by the model's code goes to ``facts_read["hooks"]``
+    (its line). Hooks registered meanwhile are kept."""
+    import torch.nn.modules.module as module_module
+
+    owners: list[tuple[Any, str, Any]] = [
+        (vars(m), name, vars(m)[name]) for m in model.modules() for name in _HOOK_REGISTRIES
+        if isinstance(vars(m).get(name), dict)]
+    owners += [(vars(module_module), name, value) for name, value in list(vars(module_module).items())
+               if name.startswith("_global_") and name.endswith("hooks") and isinstance(value, dict)]
+    swapped = []
+    try:
+        for namespace, name, original in owners:
+            watched = _WatchedRegistry(dict.items(original))
+            watched.watch_lines = facts_read  # type: ignore[attr-defined]
+            namespace[name] = watched
+            swapped.append((namespace, name, original, watched))
+        yield
+    finally:
+        for namespace, name, original, watched in reversed(swapped):
+            watched.watch_lines = None  # type: ignore[attr-defined]
+            original.clear()
+            original.update(dict.items(watched))
+            namespace[name] = original
+
+
+class _WatchedFlag:
+    """``training`` on a module class while the forward runs: the instance's own value, a read by the model's
+    code noted against the module whose code reads it."""
+
+    def __init__(self, reads: dict[Any, dict[int, str]], names: dict[int, str]) -> None:
+        self.reads, self.names = reads, names
+
+    def __get__(self, module: Any, owner: Any = None) -> Any:
+        if module is None:
+            return self
+        value = vars(module)["training"]
+        if id(module) in self.names:
+            frame = _model_frame(1)
+            if frame is not None:
+                self.reads.setdefault(_reading_module(frame, self.names), {}).setdefault(id(module), line_of(frame))
+        return value
+
+    def __set__(self, module: Any, value: Any) -> None:
+        vars(module)["training"] = value
+
+
+def _reading_module(frame: Any, names: dict[int, str]) -> str:
+    """The module whose code reads: the innermost ``self`` up the stack that is one of the model's modules
+    (a helper function such as an attention kernel reads for the module that called it); else the model."""
+    while frame is not None:
+        candidate = frame.f_locals.get("self") if "self" in frame.f_code.co_varnames else None
+        if id(candidate) in names:
+            return names[id(candidate)]
+        frame = frame.f_back
+    return ""
+
+
+@contextlib.contextmanager
+def flag_reads(model: torch.nn.Module, groups: dict[str, dict[str, str]]) -> Iterator[None]:
+    """While the block runs, each module that reads training flags (by name, "" the model) goes to ``groups``
+    with the modules whose flags it read (name -> the first line). A class that defines ``training`` itself is
+    left as it is (it reads its own rule)."""
+    names = {id(m): name for name, m in model.named_modules()}
+    reads: dict[Any, dict[int, str]] = {}
+    classes = [cls for cls in dict.fromkeys(type(m) for m in model.modules())
+               if not any("training" in vars(base) for base in cls.__mro__)]
+    try:
+        for cls in classes:
+            setattr(cls, "training", _WatchedFlag(reads, names))
+        yield
+    finally:
+        for cls in reversed(classes):
+            if "training" in vars(cls):
+                delattr(cls, "training")
+        for reader, owners in reads.items():
+            groups[reader] = {names[identity]: line for identity, line in owners.items()}
+
+
+def cross_reads(groups: dict[str, dict[str, str]]) -> dict[str, dict[str, str]]:
+    """The readers that read a training flag other than their own: their path depends on a combination of
+    modes (a model that trains while one submodule is in eval), which one flip of the model does not show."""
+    return {reader: owners for reader, owners in groups.items() if set(owners) - {reader}}
+
+
+__all__ = ["cross_reads", "flag_reads", "hook_reads", "line_of"]

@@ -1,0 +1,64 @@
+"""What a forward's code reads off its modules (qlint.capture.module_state): hook registries and training flags,
+read by the model's code and not by torch's, are noted with the module that reads; the registries and flags are
+put back as they were, hooks registered meanwhile kept."""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from qlint.capture.histories import mode_histories
+from qlint.capture.module_state import cross_reads, flag_reads, hook_reads
+
+
+class _Pair(nn.Module):
+    def __init__(self, read=lambda m: None):
+        super().__init__()
+        self.read, self.a, self.b = read, nn.Linear(2, 2), nn.Dropout(0.1)
+
+    def forward(self, x):
+        self.read(self)
+        return self.b(self.a(x))
+
+
+def test_a_hook_registry_read_by_the_models_code_is_noted_and_torchs_is_not():
+    quiet, asking = _Pair(), _Pair(lambda m: len(m.a._forward_hooks))
+    handle = quiet.a.register_forward_hook(lambda *args: None)  # torch's dispatch of it reads the registry
+    for model, expected in ((quiet, set()), (asking, {"hooks"})):
+        facts: dict[str, str] = {}
+        with hook_reads(model, facts):
+            model(torch.randn(1, 2))
+        assert set(facts) == expected
+    assert list(quiet.a._forward_hooks) == [handle.id]
+    assert type(quiet.a._forward_hooks).__name__ == "OrderedDict"  # the registry itself put back
+
+
+def test_a_hook_registered_during_the_forward_is_kept():
+    model = _Pair(lambda m: m.a.register_forward_pre_hook(lambda *args: None))
+    with hook_reads(model, {}):
+        model(torch.randn(1, 2))
+    assert len(model.a._forward_pre_hooks) == 1
+
+
+def test_flags_are_noted_by_reader_and_a_read_of_anothers_is_a_cross_read():
+    model = _Pair(lambda m: m.training and m.a.training).train()
+    groups: dict[str, dict[str, str]] = {}
+    with flag_reads(model, groups):
+        model(torch.randn(1, 2))
+    assert {reader: set(owners) for reader, owners in groups.items()} == {"": {"", "a"}}  # Dropout's read is torch's
+    assert set(cross_reads(groups)) == {""}
+    assert "training" not in vars(nn.Linear) and model.a.training is True  # the class is left as it was
+    own = {"a": {"a": "line"}}
+    assert cross_reads(own) == {}
+
+
+def test_every_combination_of_the_flags_read_together_is_tried_and_put_back():
+    model = _Pair().train()
+    histories = mode_histories(model, [["", "a"]])
+    assert [what for what, _, _ in histories] == [
+        "with the mode of `_Pair` flipped (the rest as analysed)", "with the mode of `a` flipped (the rest as analysed)",
+        "with the mode of `_Pair`, `a` flipped (the rest as analysed)"]
+    _, both, same_inputs = histories[-1]
+    with both((1,)) as given:
+        assert given == (1,) and not model.training and not model.a.training and model.b.training
+    assert model.training and model.a.training and same_inputs
