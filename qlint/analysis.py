@@ -168,10 +168,15 @@ def _over_modes(model: torch.nn.Module, analysis: Analysis, registry: Any, spec:
     return worst
 
 
-def _severity(analysis: Analysis) -> tuple[int, float]:
+def _severity(analysis: Analysis) -> tuple[int, float, float]:
+    """The verdict's rank, then the largest q of any part, then of any block: a frozen BatchNorm's graph, whose
+    blocks are q 1 where the training one's are q 0 behind transitions of q 1, is the worse."""
     report = analysis.report
-    q = max((p.q if p.q is not None else math.inf for p in [*report.blocks, *report.transitions]), default=0.0)
-    return _VERDICT_RANK.get(report.verdict, 3), q
+
+    def largest(parts: list) -> float:
+        return max((p.q if p.q is not None else math.inf for p in parts), default=0.0)
+
+    return _VERDICT_RANK.get(report.verdict, 3), largest([*report.blocks, *report.transitions]), largest(report.blocks)
 
 
 def _gap(analysis: Analysis, reason: str) -> None:

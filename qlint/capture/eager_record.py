@@ -35,7 +35,7 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 
-from qlint.core.graph import ENGINE_FOLDERS, TORCH_DIR, storage_key
+from qlint.core.graph import ENGINE_FOLDERS, RANDOM, TORCH_DIR, storage_key
 from qlint.capture.process_state import (ENVIRONMENT_VALUES, Condition, ProcessReads, answering, environment_set,
                                          model_code, own_code, standard_library)
 from qlint.capture.harness import tensor_outputs
@@ -79,7 +79,7 @@ class EagerRecord:
     environment_changing: dict[Condition, str] = field(default_factory=dict)  # a value that changes the forward
     # a query of the process that answered True or False, with its function and answer (process_state.answering)
     two_valued: dict[Condition, tuple[types.FunctionType, bool]] = field(default_factory=dict)
-    answers_changing: dict[Condition, tuple[types.FunctionType, bool]] = field(default_factory=dict)  # other_answers
+    answers_to_trace: dict[Condition, tuple[types.FunctionType, bool]] = field(default_factory=dict)  # other_answers()
     # what the model's code read of a tensor beyond its value, by family (:data:`HISTORY_READS`, and "dtype"),
     # with the first line that read it: the paths those facts can choose are checked (capture/graph_check)
     facts_read: dict[str, str] = field(default_factory=dict)
@@ -259,28 +259,29 @@ class _Origins(_Dataflow):
         return frozenset({self.held.get(storage, "a float tensor held outside the module's parameters and buffers "
                                                  "(a closure, a global, a plain attribute)")})
 
-    def note_read(self, tensors: list[torch.Tensor]) -> None:
+    def note_read(self, tensors: list[torch.Tensor], into_python: bool = False) -> None:
         """A read of a value computed from held tensors alone: one computed from an input too is a
         proxy or a fake tensor while traced, and the tracer sees the read itself (a router's top-k)."""
         origins = {o for t in tensors for o in self.origins(t)}
-        if _DRAWN in origins:  # a path chosen by a draw: another call may draw the other one
-            frame = _user_frame()
+        if _DRAWN in origins and into_python:  # a path chosen by a draw (not indices drawn): another call may
+            frame = _user_frame()              # draw the other one
             if frame is not None:
                 self.process.note("random", "a draw of torch's random generator, read into Python", frame)
-        elif origins and _INPUT not in origins and self.read is None:
+        origins.discard(_DRAWN)
+        if origins and _INPUT not in origins and self.read is None:
             self.read = HeldRead(sorted(origins)[0], _user_line())
 
     def __torch_dispatch__(self, func: Any, types: Any, args: tuple = (), kwargs: Optional[dict] = None) -> Any:
         kwargs = kwargs or {}
         arguments = [t for t in tree_leaves((args, kwargs)) if isinstance(t, torch.Tensor)]
         if func in _READS:
-            self.note_read(arguments)
+            self.note_read(arguments, into_python=True)
         elif torch.Tag.dynamic_output_shape in getattr(func, "tags", ()):  # a size set by values: a mask's, data's
             self.note_read([t for i, t in enumerate(arguments)
                             if not (t.is_floating_point() or t.is_complex())
                             or (i == 0 and func.name().split("::")[-1] in _SIZE_FROM_DATA)])
         origins = frozenset() if func in _LITERALS else frozenset().union(*(self.origins(t) for t in arguments))
-        if torch.Tag.nondeterministic_seeded in getattr(func, "tags", ()):
+        if getattr(getattr(func, "overloadpacket", None), "__name__", "") in RANDOM:  # a draw (not an op that may)
             origins |= {_DRAWN}
         out = self.run(func, args, kwargs, arguments)
         for tensor in tree_leaves(out):
@@ -338,30 +339,89 @@ def _torch_function_disabling(facts_read: dict[str, str]) -> Iterator[None]:
             setattr(torch._C, name, original)
 
 
+class _WatchedAttributes(dict):
+    """A given tensor's ``__dict__`` while the forward runs: a read of it by the model's own code is noted."""
+
+    def _read(self, name: Any) -> None:
+        notes = self.notes  # type: ignore[attr-defined]
+        if "attribute" not in notes:
+            frame = _own_frame(2)
+            if frame is not None:
+                notes["attribute"] = f"{_line(frame)} (`{name}`)"
+
+    def get(self, key: Any, default: Any = None) -> Any:
+        self._read(key)
+        return super().get(key, default)
+
+    def __getitem__(self, key: Any) -> Any:
+        self._read(key)
+        return super().__getitem__(key)
+
+    def __contains__(self, key: object) -> bool:
+        self._read(key)
+        return super().__contains__(key)
+
+    def __iter__(self) -> Iterator[Any]:
+        self._read("__dict__")
+        return super().__iter__()
+
+    def __len__(self) -> int:
+        self._read("__dict__")
+        return super().__len__()
+
+    def keys(self) -> Any:
+        self._read("__dict__")
+        return super().keys()
+
+    def items(self) -> Any:
+        self._read("__dict__")
+        return super().items()
+
+    def values(self) -> Any:
+        self._read("__dict__")
+        return super().values()
+
+
+def _own_frame(depth: int) -> Any:
+    """The frame ``depth`` above the caller, past the standard library's, when it is the model's own code."""
+    frame = sys._getframe(depth + 1)
+    while frame is not None and standard_library(frame.f_code.co_filename):
+        frame = frame.f_back
+    return frame if frame is not None and own_code(frame.f_code.co_filename) else None  # a library's duck typing
+
+
 @contextlib.contextmanager
-def _attributes_missed(model: torch.nn.Module, facts_read: dict[str, str]) -> Iterator[None]:
+def _attributes_missed(model: torch.nn.Module, inputs: tuple, facts_read: dict[str, str]) -> Iterator[None]:
     """Notes (as the fact "attribute") where the model's own code asks a tensor it did not hold for a Python attribute
-    the tensor lacks here (``getattr(x, "packed", False)``): a caller can set one on its inputs, and no
-    torch-function mode sees the read. A parameter's or buffer's attributes are the model's own."""
-    if "__getattr__" in vars(torch.Tensor):
-        yield
-        return
+    the tensor lacks here (``getattr(x, "packed", False)``), or reads a given tensor's ``__dict__``: a caller can set
+    one on its inputs, and no torch-function mode sees the read. A parameter's or buffer's attributes are the
+    model's own."""
     held = {id(t) for t in [*model.parameters(), *model.buffers()]}
+    given = [x for x in tree_leaves(inputs) if isinstance(x, torch.Tensor) and id(x) not in held]
 
     def missing(tensor: torch.Tensor, name: str) -> Any:
         if id(tensor) not in held and "attribute" not in facts_read and not name.startswith("__"):
-            frame = sys._getframe(1)
-            while frame is not None and standard_library(frame.f_code.co_filename):
-                frame = frame.f_back
-            if frame is not None and own_code(frame.f_code.co_filename):  # a library's duck typing is its own
+            frame = _own_frame(1)
+            if frame is not None:
                 facts_read["attribute"] = f"{_line(frame)} (`{name}`)"
         raise AttributeError(f"'{type(tensor).__name__}' object has no attribute '{name}'")
 
-    torch.Tensor.__getattr__ = missing  # type: ignore[method-assign]
+    patched = "__getattr__" not in vars(torch.Tensor)
+    if patched:
+        torch.Tensor.__getattr__ = missing  # type: ignore[method-assign]
+    originals = [x.__dict__ for x in given]
+    for x, original in zip(given, originals):
+        watched = _WatchedAttributes(original)
+        watched.notes = facts_read  # type: ignore[attr-defined]
+        x.__dict__ = watched
     try:
         yield
     finally:
-        del torch.Tensor.__getattr__
+        for x, original in zip(given, originals):
+            original.update(dict.items(x.__dict__))
+            x.__dict__ = original
+        if patched:
+            del torch.Tensor.__getattr__
 
 
 def record(model: torch.nn.Module, inputs: tuple, calls: int = 1) -> EagerRecord:
@@ -378,7 +438,7 @@ def record(model: torch.nn.Module, inputs: tuple, calls: int = 1) -> EagerRecord
             # called as the tracers call it (no cache built)
             with tensor_outputs(model), origins, methods, process, _torch_function_disabling(methods.facts_read), \
                     hook_reads(model, methods.facts_read), flag_reads(model, flags), \
-                    _attributes_missed(model, methods.facts_read):
+                    _attributes_missed(model, inputs, methods.facts_read):
                 outputs = model(*inputs)
         except Exception:  # noqa: BLE001  (a forward that fails here fails in the tracers too, with its reason)
             return EagerRecord(read or origins.read, conditions=process.conditions)
@@ -412,24 +472,17 @@ def environment_changing(conditions: list[Condition], again: Callable[[], EagerR
 
 
 def other_answers(two_valued: dict[Condition, tuple[types.FunctionType, bool]], again: Callable[[], EagerRecord]
-                  ) -> tuple[list[Condition], dict[Condition, tuple[types.FunctionType, bool]]]:
+                  ) -> dict[Condition, tuple[types.FunctionType, bool]]:
     """For each query of the process that answered True or False (``torch.cuda.is_available()``, a backend flag),
-    the forward recorded again with the other answer: the queries whose other answer runs the same ops to the same
-    outputs (no condition: both answers are checked), and those whose other answer computes something else, with
-    the answer (the model is traced there too). A query where the forward fails on the other answer stays a
-    condition."""
-    here = again() if two_valued else None
-    same, changing = [], {}
+    the other answer where the forward runs with it: the model is traced there too, and the graph, not the ops on
+    one example, tells whether it computes something else. A query where the forward fails on the other answer
+    stays a condition."""
+    changing = {}
     for condition, (function, answer) in two_valued.items():
         with answering(function, not answer):
-            other = again()
-        if here is None or not here.ran or not other.ran:
-            continue
-        if other.ops == here.ops and _same(other.outputs, here.outputs):
-            same.append(condition)
-        else:
-            changing[condition] = (function, not answer)
-    return same, changing
+            if again().ran:
+                changing[condition] = (function, not answer)
+    return changing
 
 
 def _same(first: list[torch.Tensor], second: list[torch.Tensor]) -> bool:

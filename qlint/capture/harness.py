@@ -188,6 +188,6 @@ def deterministic_mode() -> Iterator[None]:
         torch.use_deterministic_algorithms(previous, warn_only=warn_only)
 
 
-__all__ = ["argument_names", "compiling_mode", "cuda_autocast_mode", "deterministic_mode", "first_line", "float64_default_mode",
-           "grad_state", "has_meta", "is_hugging_face", "medium_matmul_mode", "model_state", "quiet", "restore",
-           "snapshot", "tensor_outputs", "tensors"]
+__all__ = ["argument_names", "compiling_mode", "cuda_autocast_mode", "deterministic_mode", "first_line",
+           "float64_default_mode", "grad_state", "has_meta", "is_hugging_face", "medium_matmul_mode", "model_state",
+           "quiet", "restore", "snapshot", "tensor_outputs", "tensors"]

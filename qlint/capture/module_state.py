@@ -88,11 +88,21 @@ class _WatchedRegistry(OrderedDict):
         self._read()
         return super().items()
 
+    def __eq__(self, other: object) -> bool:
+        self._read()
+        return super().__eq__(other)
+
+    def __ne__(self, other: object) -> bool:
+        self._read()
+        return super().__ne__(other)
+
+    __hash__ = None  # type: ignore[assignment]  (a dict's)
+
 
 @contextlib.contextmanager
 def hook_reads(model: torch.nn.Module, facts_read: dict[str, str]) -> Iterator[None]:
     """While the block runs, a read of any hook registry by the model's code goes to ``facts_read["hooks"]``
-    (its line). Hooks registered meanwhile are kept."""
+    (its line), and so does a module that holds one under another name. Hooks registered meanwhile are kept."""
     import torch.nn.modules.module as module_module
 
     owners: list[tuple[Any, str, Any]] = [
@@ -100,6 +110,11 @@ def hook_reads(model: torch.nn.Module, facts_read: dict[str, str]) -> Iterator[N
         if isinstance(vars(m).get(name), dict)]
     owners += [(vars(module_module), name, value) for name, value in list(vars(module_module).items())
                if name.startswith("_global_") and name.endswith("hooks") and isinstance(value, dict)]
+    registries = {id(value): f"`{name}`" for _, name, value in owners}
+    held = next((f"`{path or 'model'}.{name}` (holding {registries[id(value)]})" for path, m in model.named_modules()
+                 for name, value in vars(m).items() if name not in _HOOK_REGISTRIES and id(value) in registries), None)
+    if held is not None:  # a registry held under another name is read where no swap can watch it
+        facts_read.setdefault("hooks", held)
     swapped = []
     try:
         for namespace, name, original in owners:
@@ -117,16 +132,17 @@ def hook_reads(model: torch.nn.Module, facts_read: dict[str, str]) -> Iterator[N
 
 
 class _WatchedFlag:
-    """``training`` on a module class while the forward runs: the instance's own value, a read by the model's
-    code noted against the module whose code reads it."""
+    """``training`` on a module class while the forward runs: the value the class gives (the instance's own, or
+    what a ``training`` the class defines returns), a read by the model's code noted against the module whose
+    forward reads it."""
 
-    def __init__(self, reads: dict[Any, dict[int, str]], names: dict[int, str]) -> None:
-        self.reads, self.names = reads, names
+    def __init__(self, reads: dict[Any, dict[int, str]], names: dict[int, str], inner: Any) -> None:
+        self.reads, self.names, self.inner = reads, names, inner
 
     def __get__(self, module: Any, owner: Any = None) -> Any:
         if module is None:
             return self
-        value = vars(module)["training"]
+        value = self.inner.__get__(module, owner) if hasattr(self.inner, "__get__") else vars(module)["training"]
         if id(module) in self.names:
             frame = _model_frame(1)
             if frame is not None:
@@ -134,12 +150,16 @@ class _WatchedFlag:
         return value
 
     def __set__(self, module: Any, value: Any) -> None:
-        vars(module)["training"] = value
+        if hasattr(self.inner, "__set__"):
+            self.inner.__set__(module, value)
+        else:
+            vars(module)["training"] = value
 
 
 def _reading_module(frame: Any, names: dict[int, str]) -> str:
-    """The module whose code reads: the innermost ``self`` up the stack that is one of the model's modules
-    (a helper function such as an attention kernel reads for the module that called it); else the model."""
+    """The module whose code reads: the innermost ``self`` up the stack that is one of the model's modules (a
+    helper function such as an attention kernel reads for the module that called it); else the model. A module's
+    own method reading its own flag is its own read, whoever calls the method."""
     while frame is not None:
         candidate = frame.f_locals.get("self") if "self" in frame.f_code.co_varnames else None
         if id(candidate) in names:
@@ -151,19 +171,23 @@ def _reading_module(frame: Any, names: dict[int, str]) -> str:
 @contextlib.contextmanager
 def flag_reads(model: torch.nn.Module, groups: dict[str, dict[str, str]]) -> Iterator[None]:
     """While the block runs, each module that reads training flags (by name, "" the model) goes to ``groups``
-    with the modules whose flags it read (name -> the first line). A class that defines ``training`` itself is
-    left as it is (it reads its own rule)."""
+    with the modules whose flags it read (name -> the first line); a class that defines ``training`` itself (a
+    property) is watched through it."""
     names = {id(m): name for name, m in model.named_modules()}
     reads: dict[Any, dict[int, str]] = {}
-    classes = [cls for cls in dict.fromkeys(type(m) for m in model.modules())
-               if not any("training" in vars(base) for base in cls.__mro__)]
+    classes = list(dict.fromkeys(type(m) for m in model.modules()))
+    own = {cls: vars(cls).get("training") for cls in classes}
+    inner = {cls: next((vars(base)["training"] for base in cls.__mro__ if "training" in vars(base)), None)
+             for cls in classes}
     try:
         for cls in classes:
-            setattr(cls, "training", _WatchedFlag(reads, names))
+            setattr(cls, "training", _WatchedFlag(reads, names, inner[cls]))
         yield
     finally:
         for cls in reversed(classes):
-            if "training" in vars(cls):
+            if own[cls] is not None:
+                setattr(cls, "training", own[cls])
+            elif "training" in vars(cls):
                 delattr(cls, "training")
         for reader, owners in reads.items():
             groups[reader] = {names[identity]: line for identity, line in owners.items()}

@@ -88,7 +88,7 @@ def capture(model: torch.nn.Module, inputs: Optional[tuple], registry: Any = Non
             traced.conditions = recorded.conditions
             traced.in_modes += _in_modes(traced.tracer, model, traced.module, inputs, registry, reuse,
                                          traced.graph_check, _environment_modes(recorded.environment_changing)
-                                         + _answer_modes(recorded.answers_changing))
+                                         + _answer_modes(recorded.answers_to_trace))
         return traced
     finally:
         _restore_attributes(model, held)
@@ -144,7 +144,7 @@ def _recorded(model: torch.nn.Module, inputs: tuple) -> eager_record.EagerRecord
                 return eager_record.record(model, inputs)
 
             changing = eager_record.environment_changing(recorded.conditions, again)
-            answered, recorded.answers_changing = eager_record.other_answers(recorded.two_valued, again)
+            recorded.answers_to_trace = eager_record.other_answers(recorded.two_valued, again)
     finally:
         restore(model, saved)
         torch.random.set_rng_state(state)
@@ -161,7 +161,7 @@ def _recorded(model: torch.nn.Module, inputs: tuple) -> eager_record.EagerRecord
                            "forward that branches on it can take a path at a value no check can try, so no graph "
                            "stands for every call; branch on values, shapes and modes only")
     recorded.environment_changing = changing
-    recorded.conditions = [c for c in recorded.conditions if c not in answered and c not in recorded.answers_changing]
+    recorded.conditions = [c for c in recorded.conditions if c not in recorded.answers_to_trace]
     return recorded
 
 
@@ -304,7 +304,8 @@ def _environment_modes(changing: dict[Any, str]) -> list[tuple[str, str, Any, Op
 
 
 def _answer_modes(changing: dict[Any, tuple[Any, bool]]) -> list[tuple[str, str, Any, Optional[str]]]:
-    """Each query of the process whose other answer changes the forward, as a mode to trace the model in."""
+    """Each query of the process answered the other way, as a mode to trace the model in (the same graph there adds
+    nothing: :func:`_traced_in_mode`)."""
     return [(f"with {condition.what.split(' (')[0]} answering {answer}", "process",
              functools.partial(answering, function, answer), f"{condition.file}:{condition.line} `{condition.code}`")
             for condition, (function, answer) in changing.items()]

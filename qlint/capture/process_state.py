@@ -34,6 +34,8 @@ import inspect
 import linecache
 import os
 import random
+import re
+import reprlib
 import sys
 import sysconfig
 import threading
@@ -81,9 +83,9 @@ MODE_QUERIES = {
     "compile": ("compiler.is_compiling", "compiler.is_dynamo_compiling", "_dynamo.is_compiling", "_utils.is_compiling",
                 "_dynamo.external_utils.is_compiling"),
     "functorch": ("_C._functorch.is_batchedtensor", "_C._functorch.is_functorch_wrapped_tensor",
-                  "_C._functorch.is_gradtrackingtensor", "_C._functorch.maybe_get_level", "_C._functorch.maybe_get_bdim",
-                  "_C._functorch.peek_interpreter_stack", "_C._are_functorch_transforms_active",
-                  "_functorch.pyfunctorch.retrieve_current_functorch_interpreter"),
+                  "_C._functorch.is_gradtrackingtensor", "_C._functorch.maybe_get_level",
+                  "_C._functorch.maybe_get_bdim", "_C._functorch.peek_interpreter_stack",
+                  "_C._are_functorch_transforms_active", "_functorch.pyfunctorch.retrieve_current_functorch_interpreter"),
 }
 
 
@@ -121,7 +123,15 @@ _PURE_MODULES = frozenset({"builtins", "math", "cmath", "_operator", "operator",
                            "heapq", "einops", "numpy"})
 _PROCESS_BUILTINS = frozenset({"open", "input", "id", "hash", "globals", "locals", "vars", "dir", "breakpoint", "exec",
                                "eval", "compile", "__import__"})
+# how a call reaches qlint's own watchers (a torch-function mode, a watched flag): no query of the model's
+_PLUMBING = frozenset({"torch.overrides", "qlint.capture.eager_record", "qlint.capture.module_state"})
+# a builtin of the operating system that acts (output, a wait) and answers nothing the forward branches on
+_ACTIONS = frozenset({"write", "writev", "pwrite", "fsync", "fdatasync", "sleep", "sched_yield"})
 _PLAIN_VALUES = (bool, int, float, complex, str, bytes, torch.device, torch.dtype)
+# objects whose builtin methods compute on the object's own contents (a thread-local's or a stream's read the
+# process): the graph check follows a container the model holds as state
+_PURE_RECEIVERS = (*_PLAIN_VALUES, dict, list, tuple, set, frozenset, bytearray, range, slice, torch.Tensor,
+                   torch.Size, type(re.compile("")), type(re.match("", "")))
 
 
 # the values a switch in the environment takes (unset, empty, the usual spellings of off and on): a forward that
@@ -166,7 +176,9 @@ class ProcessReads:
 
     def __init__(self, model: Any) -> None:
         self.found: dict[tuple[str, str], Condition] = {}
-        self.queries: dict[int, tuple[types.FrameType, str]] = {}  # a query's frame -> (the caller, its name)
+        # a query's frame -> (the caller, its name, whether it was given a tensor or module, whether it is a method,
+        # whether it is the standard library's)
+        self.queries: dict[int, tuple[types.FrameType, str, bool, bool, bool]] = {}
         # a query that answered True or False: its function and answer (the other answer can be tried: answering)
         self.two_valued: dict[Condition, tuple[types.FunctionType, bool]] = {}
         self.mode_queries = _mode_queries()
@@ -180,6 +192,7 @@ class ProcessReads:
     def __enter__(self) -> "ProcessReads":
         import torch._dynamo  # noqa: F401  (torch imports it on a forward's first op: 2M profiled events, seconds)
 
+        _clear_own_caches()  # a query memoised by the model's code is asked again, where this forward sees it
         self._previous = sys.getprofile()
         sys.setprofile(self._event)
         return self
@@ -223,19 +236,15 @@ class ProcessReads:
                 self._called_out(frame)
         elif event == "return":
             query = self.queries.pop(id(frame), None) if self.queries else None
-            if query is not None and isinstance(arg, (*_PLAIN_VALUES, enum.Enum)):
-                caller, name = query
-                what = f"the value of `{name}` ({arg!r} here)"
-                self.note("process", what, caller)
+            if query is not None and _answers(arg, *query[2:]):
+                caller, name = query[:2]
+                what = f"the value of `{name}` ({reprlib.repr(arg)} here)"
+                self.query(what, caller)
                 function = _function_of(frame) if isinstance(arg, bool) else None
                 if function is not None and ("process", what) in self.found:
                     self.two_valued.setdefault(self.found[("process", what)], (function, arg))
         elif event == "c_call":
             owner = getattr(arg, "__self__", None)
-            if isinstance(owner, types.ModuleType) and own_code(frame.f_code.co_filename) and (
-                    owner.__name__ not in _PURE_MODULES or arg.__name__ in _PROCESS_BUILTINS) \
-                    and not owner.__name__.startswith("torch") and arg not in self.mode_queries:
-                self.note("process", f"the value of `{owner.__name__}.{arg.__name__}()`", frame)
             if arg in _STACK_READS and (model_code(frame.f_code.co_filename)
                                         or frame.f_code.co_filename.endswith(_STACK_READERS)):
                 self.note("call stack", "the call stack (who calls the model)", _reader(frame))
@@ -245,34 +254,51 @@ class ProcessReads:
                 self.note("thread state", f"the thread running the model (`{arg.__name__}`)", _reader(frame))
             elif arg in _TORCH_SETTINGS:
                 self.note("torch setting", f"torch's `{arg.__name__}()`, which qlint does not vary", _reader(frame))
-            elif isinstance(getattr(arg, "__self__", None), contextvars.ContextVar):
-                self.note("thread state", _describe(arg.__self__, ""), _reader(frame))
+            elif isinstance(owner, contextvars.ContextVar):
+                self.note("thread state", _describe(owner, ""), _reader(frame))
             elif _draws(arg):
                 self.note("random", f"a draw of a random generator other than torch's (`{arg.__name__}`)",
-                           _reader(frame))
+                          _reader(frame))
+            elif not own_code(frame.f_code.co_filename):
+                pass
+            elif isinstance(owner, types.ModuleType) and (owner.__name__ not in _PURE_MODULES
+                                                          or arg.__name__ in _PROCESS_BUILTINS) \
+                    and not owner.__name__.startswith("torch") and arg not in self.mode_queries \
+                    and arg.__name__ not in _ACTIONS:
+                self.query(f"the value of `{owner.__name__}.{arg.__name__}()`", frame)
+            elif owner is not None and not _pure_receiver(owner):  # an object's state (a stream's)
+                self.query(f"the value of `{type(owner).__name__}.{arg.__name__}()`", frame)
 
+    def query(self, what: str, frame: types.FrameType) -> None:
+        """A query of the process read at the line of ``frame``, unless a named read was noted there (the clock,
+        an environment variable: the query that made it is that read)."""
+        if not any(c.file == frame.f_code.co_filename and c.line == frame.f_lineno for c in self.found.values()):
+            self.note("process", what, frame)
 
     def _called_out(self, frame: types.FrameType) -> None:
-        """A function outside the model's own code that its code calls: a query of the process when it is asked
-        with no argument (``dist.is_initialized()``) or of an object (``logger.isEnabledFor(10)``, a backend flag's
-        descriptor), unless it is pure, a mode the graph check enters, or given a tensor or a module (a computation,
-        the model's own state); a function of plain arguments computes on them. What it returns decides
-        (:meth:`_event`'s "return")."""
+        """A function outside the model's own code that its code calls: a query of the process when it is passed
+        no argument of its own (``dist.is_initialized()``, ``is_bf16_supported()`` at its defaults), asks an object
+        (``logger.isEnabledFor(10)``, a backend flag's descriptor) or is a standard-library function (``find_spec``);
+        a library's function of the plain arguments passed computes on them, one given a tensor computes on it (a
+        True or False it answers is still a query: ``cudnn.is_acceptable(x)``), and pure modules and the modes the
+        graph check enters are no query. What it returns decides (:meth:`_event`'s "return")."""
         code = frame.f_code
         module = frame.f_globals.get("__name__", "")
-        if module.split(".")[0] in _PURE_MODULES or code in self.mode_queries:
-            return
+        if module.split(".")[0] in _PURE_MODULES or code in self.mode_queries or module in _PLUMBING or (
+                code.co_name.startswith("__") and code.co_name != "__get__"):
+            return  # a protocol (a context's __exit__ answers whether it swallowed an error), not a question
         names = code.co_varnames[:code.co_argcount + code.co_kwonlyargcount + bool(code.co_flags & inspect.CO_VARARGS)
                                  + bool(code.co_flags & inspect.CO_VARKEYWORDS)]
         arguments = [frame.f_locals.get(name) for name in names]
         values = [v for a in arguments for v in (a.values() if isinstance(a, dict) else a
                                                    if isinstance(a, (tuple, list)) else (a,))]
-        if any(isinstance(value, (torch.Tensor, torch.nn.Module)) for value in values):
-            return
+        computes = any(isinstance(value, (torch.Tensor, torch.nn.Module)) for value in values)
         method = bool(names) and names[0] in ("self", "cls") and not isinstance(arguments[0], _PLAIN_VALUES)
-        if not method and any(value is not None for value in values):
-            return  # a function of its arguments
-        self.queries[id(frame)] = (frame.f_back, f"{module}.{getattr(code, 'co_qualname', code.co_name)}")
+        passed = [value for name, value in zip(names, arguments) if not _default(frame, name, value)]
+        if not computes and not method and passed and not standard_library(code.co_filename):
+            return  # a library's function of the arguments passed
+        self.queries[id(frame)] = (frame.f_back, f"{module}.{getattr(code, 'co_qualname', code.co_name)}",
+                                   computes, method, standard_library(code.co_filename))
 
     def _environment_read(self, frame: types.FrameType) -> None:
         reader = _reader(frame)
@@ -391,6 +417,47 @@ def environment_set(name: str, value: Optional[str]) -> Iterator[None]:
             os.environ[name] = before
 
 
+def _clear_own_caches() -> None:
+    """Empty the ``functools`` caches of the model's own modules (their functions and classes' methods): a cached
+    answer is a read made before the forward qlint watches, and answering a query the other way must reach it."""
+    for module in list(sys.modules.values()):
+        file = getattr(module, "__file__", None)
+        if not file or not own_code(file):
+            continue
+        for value in list(vars(module).values()):
+            for member in [value, *(vars(value).values() if isinstance(value, type) else ())]:
+                member = getattr(member, "__func__", member)
+                if hasattr(member, "cache_clear") and hasattr(member, "__wrapped__"):
+                    member.cache_clear()
+
+
+def _pure_receiver(owner: Any) -> bool:
+    return isinstance(owner, (types.ModuleType, type, *_PURE_RECEIVERS)) or type(owner).__module__ == "numpy"
+
+
+def _answers(value: Any, computes: bool, method: bool, standard: bool) -> bool:
+    """Whether a query returned a fact of the process: True or False from a computation on a tensor; from anything
+    else a plain value, an enum, a tuple of them (``platform.uname()``), or None from a standard-library function
+    (``find_spec`` finding nothing; a library's or a method's None is an action done: a logger's call)."""
+    if computes:
+        return isinstance(value, bool)
+    if value is None:
+        return standard and not method
+    plain = (*_PLAIN_VALUES, enum.Enum)
+    return isinstance(value, plain) or (isinstance(value, tuple) and all(isinstance(v, plain) for v in value))
+
+
+def _default(frame: types.FrameType, name: str, value: Any) -> bool:
+    """Whether the argument ``name`` holds its default (not passed by the caller), for a function found by name."""
+    function = _function_of(frame, closures=True)
+    if function is None:
+        return False
+    defaults = dict(zip(function.__code__.co_varnames[function.__code__.co_argcount - len(function.__defaults__ or ()):
+                                                      function.__code__.co_argcount], function.__defaults__ or ()))
+    defaults.update(function.__kwdefaults__ or {})
+    return name in defaults and defaults[name] is value
+
+
 def _answer_true(*args: Any, **kwargs: Any) -> bool:
     return True
 
@@ -399,16 +466,16 @@ def _answer_false(*args: Any, **kwargs: Any) -> bool:
     return False
 
 
-def _function_of(frame: types.FrameType) -> Optional[types.FunctionType]:
+def _function_of(frame: types.FrameType, closures: bool = False) -> Optional[types.FunctionType]:
     """The module-level function or class method whose code the frame runs, found by its qualified name; None for
-    a local function or one with a closure (its answer cannot be swapped)."""
+    a local function, or one with a closure unless ``closures`` (its answer cannot be swapped)."""
     owner: Any = frame.f_globals
     for part in getattr(frame.f_code, "co_qualname", frame.f_code.co_name).split("."):
         owner = owner.get(part) if isinstance(owner, dict) else vars(owner).get(part) if hasattr(owner, "__dict__") \
             else None
         owner = getattr(owner, "__func__", owner)  # a staticmethod's or classmethod's function
     return owner if isinstance(owner, types.FunctionType) and owner.__code__ is frame.f_code \
-        and owner.__closure__ is None else None
+        and (closures or owner.__closure__ is None) else None
 
 
 @contextlib.contextmanager

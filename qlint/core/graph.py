@@ -141,7 +141,7 @@ def _declared_regions(nodes: list[fx.Node], registry: Any,
 
 
 _UNINITIALISED = frozenset({"empty", "empty_like", "new_empty", "empty_strided", "new_empty_strided", "empty_permuted"})
-_RANDOM = frozenset({"rand", "randn", "randint", "rand_like", "randn_like", "randint_like", "normal", "normal_",
+RANDOM = frozenset({"rand", "randn", "randint", "rand_like", "randn_like", "randint_like", "normal", "normal_",
                      "bernoulli",
                      "bernoulli_", "multinomial", "randperm", "poisson", "uniform_", "exponential_", "geometric_",
                      "log_normal_", "cauchy_", "random_", "dropout", "alpha_dropout", "feature_alpha_dropout",
@@ -160,9 +160,9 @@ def indeterminate(node: fx.Node) -> bool:
     target = node.target
     if isinstance(target, torch._ops.OpOverload):
         return (torch.Tag.nondeterministic_seeded in target.tags
-                or target.overloadpacket.__name__ in _UNINITIALISED | _RANDOM)
+                or target.overloadpacket.__name__ in _UNINITIALISED | RANDOM)
     name = target if isinstance(target, str) else getattr(target, "__name__", "")
-    return name in _UNINITIALISED or name in _RANDOM
+    return name in _UNINITIALISED or name in RANDOM
 
 
 def storage_key(tensor: torch.Tensor) -> int:

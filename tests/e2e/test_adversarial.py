@@ -158,8 +158,20 @@ def _describe(model: dict[str, Any]) -> str:
 # ------------------------------------------------------------------ tests
 
 
-@pytest.mark.parametrize("case", [pytest.param(c, marks=pytest.mark.xfail(reason=CONSERVATIVE[c.spec], strict=True))
-                                  if c.spec in CONSERVATIVE else c for c in CASES], ids=IDS)
+# Unsafe cases qlint still certifies: a read no mechanism sees yet (strict: closing one makes its test fail until it
+# is removed from this list)
+OPEN = {
+    "r16_modstate.py:flag_read_through_method": "a submodule's method reading its own training flag is its own read "
+                                                "(Gemma3n's AltUp does so), and a module's own flag is flipped only "
+                                                "with the whole model's (--mode)",
+    "r16_modstate.py:flag_read_from_dict": "a training flag read through the module's __dict__ passes the class-level "
+                                           "watch (module_state.flag_reads), so the mixed-mode path is never run",
+}
+KNOWN = {**CONSERVATIVE, **OPEN}
+
+
+@pytest.mark.parametrize("case", [pytest.param(c, marks=pytest.mark.xfail(reason=KNOWN[c.spec], strict=True))
+                                  if c.spec in KNOWN else c for c in CASES], ids=IDS)
 def test_cli_verdict(case, cli_report):
     model = cli_report[case.cli_spec]
     if "error" in model:

@@ -192,7 +192,7 @@ def test_the_check_names_the_modes_it_ran(report):
                  "on bfloat16 inputs", "3 successive calls"):
         assert mode in check
     exported = report["one_token_skips_mixing"]["graph_check"]
-    assert "in inference mode" in exported and "traced there" not in exported and "autocast" not in exported
+    assert "in inference mode" in exported and "traced there" not in exported and "CPU autocast" not in exported
 
 
 @pytest.mark.parametrize("mode, what", [("inference_mode", "in inference mode"), ("grad_disabled", "with gradients off"),

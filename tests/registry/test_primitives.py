@@ -8,6 +8,8 @@ import torch.nn.functional as F
 from torch import nn
 
 import qlint
+from qlint.capture.pipeline import capture
+from qlint.growth.engine import analyse_graph
 from qlint.registry import default as load
 
 D = 8
@@ -141,9 +143,13 @@ class BatchNormBlock(nn.Module):
 
 @pytest.mark.parametrize(("mode", "q"), [("train", 0), ("eval", 2)])
 def test_batchnorm_normalizes_only_with_batch_statistics(mode, q):
-    report = qlint.analyze(BatchNormBlock(), (torch.randn(4, D),), mode=mode)
-    assert report.mode == mode
+    """The rule: q 0 on batch statistics (the training graph), q 2 on running ones. A model that trains is reported
+    with its BatchNorm frozen too (the frozen-BatchNorm recipe), so its verdict is the eval graph's."""
+    model = BatchNormBlock().train(mode == "train")
+    graph = capture(model, (torch.randn(4, D),), prefer="export")
+    report = analyse_graph(model, (torch.randn(4, D),), graph, load(), spec="bn").report
     assert report.blocks[0].q == q
+    assert qlint.analyze(BatchNormBlock(), (torch.randn(4, D),), mode=mode).blocks[0].q == 2
 
 
 class PostLN(nn.Module):
