@@ -85,7 +85,8 @@ MODE_QUERIES = {
     "functorch": ("_C._functorch.is_batchedtensor", "_C._functorch.is_functorch_wrapped_tensor",
                   "_C._functorch.is_gradtrackingtensor", "_C._functorch.maybe_get_level",
                   "_C._functorch.maybe_get_bdim", "_C._functorch.peek_interpreter_stack",
-                  "_C._are_functorch_transforms_active", "_functorch.pyfunctorch.retrieve_current_functorch_interpreter"),
+                  "_C._are_functorch_transforms_active",
+                  "_functorch.pyfunctorch.retrieve_current_functorch_interpreter"),
 }
 
 
