@@ -39,7 +39,7 @@ from qlint.core.graph import ENGINE_FOLDERS, RANDOM, TORCH_DIR, storage_key
 from qlint.capture.process_state import (ENVIRONMENT_VALUES, Condition, ProcessReads, answering, environment_set,
                                          model_code, own_code, standard_library)
 from qlint.capture.harness import tensor_outputs
-from qlint.capture.module_state import cross_reads, flag_reads, hook_reads
+from qlint.capture.module_state import NotingReads, cross_reads, flag_reads, hook_reads, line_of, reading_frame
 
 _INPUT = "input"  # an input's value: the tracers see those reads themselves
 _DRAWN = "a draw"  # a value of torch's random generator: a read of one is a condition
@@ -312,7 +312,7 @@ class _Methods(torch.overrides.TorchFunctionMode):
                 if family == "device":  # no run here can put it elsewhere: the certificate holds for the CPU
                     self.process.note("device", "the device its tensors lie on (the CPU here)", caller)
                 for read in ("dtype", "autograd") if family == "printed" else () if family == "device" else (family,):
-                    self.facts_read.setdefault(read, _line(caller))
+                    self.facts_read.setdefault(read, line_of(caller))
         return func(*args, **(kwargs or {}))
 
 
@@ -326,7 +326,7 @@ def _torch_function_disabling(facts_read: dict[str, str]) -> Iterator[None]:
         def disabling(*args: Any, **kwargs: Any) -> Any:
             caller = sys._getframe(1)
             if model_code(caller.f_code.co_filename):
-                facts_read.setdefault("hidden", _line(caller))
+                facts_read.setdefault("hidden", line_of(caller))
             return original(*args, **kwargs)
         return disabling
 
@@ -339,55 +339,15 @@ def _torch_function_disabling(facts_read: dict[str, str]) -> Iterator[None]:
             setattr(torch._C, name, original)
 
 
-class _WatchedAttributes(dict):
+class _WatchedAttributes(NotingReads, dict):
     """A given tensor's ``__dict__`` while the forward runs: a read of it by the model's own code is noted."""
 
-    def _read(self, name: Any) -> None:
+    def _read(self, key: Any) -> None:
         notes = self.notes  # type: ignore[attr-defined]
         if "attribute" not in notes:
-            frame = _own_frame(2)
+            frame = reading_frame(2, own_code)  # a library's duck typing is its own
             if frame is not None:
-                notes["attribute"] = f"{_line(frame)} (`{name}`)"
-
-    def get(self, key: Any, default: Any = None) -> Any:
-        self._read(key)
-        return super().get(key, default)
-
-    def __getitem__(self, key: Any) -> Any:
-        self._read(key)
-        return super().__getitem__(key)
-
-    def __contains__(self, key: object) -> bool:
-        self._read(key)
-        return super().__contains__(key)
-
-    def __iter__(self) -> Iterator[Any]:
-        self._read("__dict__")
-        return super().__iter__()
-
-    def __len__(self) -> int:
-        self._read("__dict__")
-        return super().__len__()
-
-    def keys(self) -> Any:
-        self._read("__dict__")
-        return super().keys()
-
-    def items(self) -> Any:
-        self._read("__dict__")
-        return super().items()
-
-    def values(self) -> Any:
-        self._read("__dict__")
-        return super().values()
-
-
-def _own_frame(depth: int) -> Any:
-    """The frame ``depth`` above the caller, past the standard library's, when it is the model's own code."""
-    frame = sys._getframe(depth + 1)
-    while frame is not None and standard_library(frame.f_code.co_filename):
-        frame = frame.f_back
-    return frame if frame is not None and own_code(frame.f_code.co_filename) else None  # a library's duck typing
+                notes["attribute"] = f"{line_of(frame)} (`{'__dict__' if key is None else key}`)"
 
 
 @contextlib.contextmanager
@@ -401,9 +361,9 @@ def _attributes_missed(model: torch.nn.Module, inputs: tuple, facts_read: dict[s
 
     def missing(tensor: torch.Tensor, name: str) -> Any:
         if id(tensor) not in held and "attribute" not in facts_read and not name.startswith("__"):
-            frame = _own_frame(1)
+            frame = reading_frame(1, own_code)
             if frame is not None:
-                facts_read["attribute"] = f"{_line(frame)} (`{name}`)"
+                facts_read["attribute"] = f"{line_of(frame)} (`{name}`)"
         raise AttributeError(f"'{type(tensor).__name__}' object has no attribute '{name}'")
 
     patched = "__getattr__" not in vars(torch.Tensor)
@@ -564,11 +524,6 @@ def _reader() -> Any:
     return frame
 
 
-def _line(frame: Any) -> str:
-    file = frame.f_code.co_filename
-    return f"{file}:{frame.f_lineno} `{linecache.getline(file, frame.f_lineno).strip()}`"
-
-
 def _storage(tensor: torch.Tensor) -> int:
     try:
         return storage_key(tensor)
@@ -590,7 +545,7 @@ def _user_frame() -> Any:
 def _user_line() -> str:
     """The innermost frame outside torch and qlint: ``file.py:40 `code```."""
     frame = _user_frame()
-    return _line(frame) if frame is not None else "an unknown line"
+    return line_of(frame) if frame is not None else "an unknown line"
 
 
 __all__ = ["EagerRecord", "HeldRead", "environment_changing", "missing_ops", "op_key", "ops_run", "other_answers",

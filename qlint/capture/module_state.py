@@ -20,7 +20,7 @@ import contextlib
 import linecache
 import sys
 from collections import OrderedDict
-from typing import Any, Iterator, Optional
+from typing import Any, Callable, Iterator, Optional
 
 import torch
 
@@ -32,13 +32,14 @@ _HOOK_REGISTRIES = ("_forward_hooks", "_forward_pre_hooks", "_backward_hooks", "
                     "_load_state_dict_post_hooks")
 
 
-def _model_frame(depth: int) -> Optional[Any]:
+def reading_frame(depth: int, whose: Callable[[str], bool] = model_code) -> Optional[Any]:
     """The frame ``depth`` above the caller, past the standard library's (``len``, ``any`` are builtins and
-    leave no frame), when its code is the model's; else None."""
+    leave no frame), when its file is ``whose`` (the model's code; ``own_code``: not an installed library's); else
+    None."""
     frame = sys._getframe(depth + 1)
     while frame is not None and standard_library(frame.f_code.co_filename):
         frame = frame.f_back
-    return frame if frame is not None and model_code(frame.f_code.co_filename) else None
+    return frame if frame is not None and whose(frame.f_code.co_filename) else None
 
 
 def line_of(frame: Any) -> str:
@@ -46,57 +47,66 @@ def line_of(frame: Any) -> str:
     return f"{file}:{frame.f_lineno} `{linecache.getline(file, frame.f_lineno).strip()}`"
 
 
-class _WatchedRegistry(OrderedDict):
-    """A hook registry that notes the first read by the model's code (its length, truth, keys or items)."""
+class NotingReads:
+    """A mapping that calls ``self._read(key)`` on every read of its contents (an item, membership, its length,
+    iteration, keys, values, items, comparison): what the model's code reads of a registry or a ``__dict__`` no
+    torch-function mode sees. Mixed in before ``dict`` or ``OrderedDict``."""
 
-    def _read(self) -> None:
-        lines = self.watch_lines  # type: ignore[attr-defined]
-        if lines is not None and "hooks" not in lines:
-            frame = _model_frame(2)
-            if frame is not None:
-                lines["hooks"] = line_of(frame)
-
-    def __len__(self) -> int:
-        self._read()
-        return super().__len__()
-
-    def __iter__(self) -> Iterator[Any]:
-        self._read()
-        return super().__iter__()
-
-    def __contains__(self, key: object) -> bool:
-        self._read()
-        return super().__contains__(key)
-
-    def __getitem__(self, key: Any) -> Any:
-        self._read()
-        return super().__getitem__(key)
+    def _read(self, key: Any) -> None:
+        raise NotImplementedError
 
     def get(self, key: Any, default: Any = None) -> Any:
-        self._read()
-        return super().get(key, default)
+        self._read(key)
+        return super().get(key, default)  # type: ignore[misc]
+
+    def __getitem__(self, key: Any) -> Any:
+        self._read(key)
+        return super().__getitem__(key)  # type: ignore[misc]
+
+    def __contains__(self, key: object) -> bool:
+        self._read(key)
+        return super().__contains__(key)  # type: ignore[misc]
+
+    def __len__(self) -> int:
+        self._read(None)
+        return super().__len__()  # type: ignore[misc]
+
+    def __iter__(self) -> Iterator[Any]:
+        self._read(None)
+        return super().__iter__()  # type: ignore[misc]
 
     def keys(self) -> Any:
-        self._read()
-        return super().keys()
+        self._read(None)
+        return super().keys()  # type: ignore[misc]
 
     def values(self) -> Any:
-        self._read()
-        return super().values()
+        self._read(None)
+        return super().values()  # type: ignore[misc]
 
     def items(self) -> Any:
-        self._read()
-        return super().items()
+        self._read(None)
+        return super().items()  # type: ignore[misc]
 
     def __eq__(self, other: object) -> bool:
-        self._read()
-        return super().__eq__(other)
+        self._read(None)
+        return super().__eq__(other)  # type: ignore[misc]
 
     def __ne__(self, other: object) -> bool:
-        self._read()
-        return super().__ne__(other)
+        self._read(None)
+        return super().__ne__(other)  # type: ignore[misc]
 
     __hash__ = None  # type: ignore[assignment]  (a dict's)
+
+
+class _WatchedRegistry(NotingReads, OrderedDict):
+    """A hook registry that notes the first read by the model's code."""
+
+    def _read(self, key: Any) -> None:
+        lines = self.watch_lines  # type: ignore[attr-defined]
+        if lines is not None and "hooks" not in lines:
+            frame = reading_frame(2)
+            if frame is not None:
+                lines["hooks"] = line_of(frame)
 
 
 @contextlib.contextmanager
@@ -144,7 +154,7 @@ class _WatchedFlag:
             return self
         value = self.inner.__get__(module, owner) if hasattr(self.inner, "__get__") else vars(module)["training"]
         if id(module) in self.names:
-            frame = _model_frame(1)
+            frame = reading_frame(1)
             if frame is not None:
                 self.reads.setdefault(_reading_module(frame, self.names), {}).setdefault(id(module), line_of(frame))
         return value
@@ -199,4 +209,4 @@ def cross_reads(groups: dict[str, dict[str, str]]) -> dict[str, dict[str, str]]:
     return {reader: owners for reader, owners in groups.items() if set(owners) - {reader}}
 
 
-__all__ = ["cross_reads", "flag_reads", "hook_reads", "line_of"]
+__all__ = ["NotingReads", "cross_reads", "flag_reads", "hook_reads", "line_of", "reading_frame"]
