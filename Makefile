@@ -44,7 +44,7 @@ demo: $(VENV)/.demo
 XDIST := -n auto --maxprocesses 4 --dist loadfile
 
 test: $(VENV)/.test
-	$(PY) -m pytest $(XDIST)
+	$(PY) -m pytest $(XDIST) --durations=60
 
 # Before each commit (about 3 minutes): the algebra, the rules, the block finder, the command line and the
 # certificate mechanisms, without the model zoos, corpora, patch re-checks and training runs.

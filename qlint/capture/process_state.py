@@ -272,8 +272,9 @@ class ProcessReads:
 
     def query(self, what: str, frame: types.FrameType) -> None:
         """A query of the process read at the line of ``frame``, unless a named read was noted there (the clock,
-        an environment variable: the query that made it is that read)."""
-        if not any(c.file == frame.f_code.co_filename and c.line == frame.f_lineno for c in self.found.values()):
+        an environment variable: the query that made it is that read); two queries on one line are both kept."""
+        if not any(c.file == frame.f_code.co_filename and c.line == frame.f_lineno and c.kind != "process"
+                   for c in self.found.values()):
             self.note("process", what, frame)
 
     def _called_out(self, frame: types.FrameType) -> None:
