@@ -9,7 +9,8 @@ Python attributes), so they are watched where they live while one recorded forwa
 * every hook registry (each module's ``_forward_hooks`` and its kin, and ``torch.nn.modules.module``'s global ones)
   is swapped for a copy that notes a read from the model's code (:func:`hook_reads`); torch's own dispatch of the
   hooks is not the model's read. No run can try every hook a user may register, so such a read is refused;
-* ``training`` gets a class-level property on every module class while the forward runs (:func:`flag_reads`): a
+* ``training`` gets a class-level property on every module class while the forward runs (:func:`flag_reads`), and
+  each module's ``__dict__`` a copy that notes a read of it (``module.__dict__["training"]`` passes the class): a
   read from the model's code is noted with the module whose code reads it (the innermost ``self`` on the Python
   stack that is a module), so a forward that reads another module's flag is known, with the flags it combines.
 """
@@ -152,7 +153,8 @@ class _WatchedFlag:
     def __get__(self, module: Any, owner: Any = None) -> Any:
         if module is None:
             return self
-        value = self.inner.__get__(module, owner) if hasattr(self.inner, "__get__") else vars(module)["training"]
+        value = (self.inner.__get__(module, owner) if hasattr(self.inner, "__get__")
+                 else dict.__getitem__(vars(module), "training"))
         if id(module) in self.names:
             frame = reading_frame(1)
             if frame is not None:
@@ -178,22 +180,45 @@ def _reading_module(frame: Any, names: dict[int, str]) -> str:
     return ""
 
 
+class _FlagHoldingDict(NotingReads, dict):
+    """A module's ``__dict__`` while the forward runs: ``module.__dict__["training"]`` (or the whole of it read)
+    passes the class-level watch, so the model's code reading it there is noted here."""
+
+    def _read(self, key: Any) -> None:
+        if key is None or (isinstance(key, str) and key == "training"):
+            frame = reading_frame(2)
+            reads, names, owner = self.watch  # type: ignore[attr-defined]
+            if frame is not None:
+                reads.setdefault(_reading_module(frame, names), {}).setdefault(owner, line_of(frame))
+
+
 @contextlib.contextmanager
 def flag_reads(model: torch.nn.Module, groups: dict[str, dict[str, str]]) -> Iterator[None]:
     """While the block runs, each module that reads training flags (by name, "" the model) goes to ``groups``
     with the modules whose flags it read (name -> the first line); a class that defines ``training`` itself (a
-    property) is watched through it."""
+    property) is watched through it, and each module's ``__dict__`` is watched too."""
     names = {id(m): name for name, m in model.named_modules()}
     reads: dict[Any, dict[int, str]] = {}
     classes = list(dict.fromkeys(type(m) for m in model.modules()))
     own = {cls: vars(cls).get("training") for cls in classes}
     inner = {cls: next((vars(base)["training"] for base in cls.__mro__ if "training" in vars(base)), None)
              for cls in classes}
+    swapped = []
     try:
         for cls in classes:
             setattr(cls, "training", _WatchedFlag(reads, names, inner[cls]))
+        for module in dict.fromkeys(model.modules()):
+            original = module.__dict__
+            watched = _FlagHoldingDict(original)
+            watched.watch = (reads, names, id(module))  # type: ignore[attr-defined]
+            module.__dict__ = watched
+            swapped.append((module, original, watched))
         yield
     finally:
+        for module, original, watched in reversed(swapped):
+            original.clear()
+            original.update(dict.items(watched))
+            module.__dict__ = original
         for cls in reversed(classes):
             if own[cls] is not None:
                 setattr(cls, "training", own[cls])

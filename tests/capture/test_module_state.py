@@ -52,6 +52,20 @@ def test_flags_are_noted_by_reader_and_a_read_of_anothers_is_a_cross_read():
     assert cross_reads(own) == {}
 
 
+def test_a_flag_read_from_a_modules_dict_is_noted_and_the_dict_put_back_with_what_the_forward_set():
+    def read(m):
+        m.b.__dict__["note"] = 1  # a write through the watched dict is kept
+        return not m.a.__dict__["training"]
+
+    model = _Pair(read).train()
+    original = model.a.__dict__
+    groups: dict[str, dict[str, str]] = {}
+    with flag_reads(model, groups):
+        model(torch.randn(1, 2))
+    assert {reader: set(owners) for reader, owners in groups.items()} == {"": {"a"}}
+    assert model.a.__dict__ is original and type(original) is dict and model.b.note == 1
+
+
 def test_every_combination_of_the_flags_read_together_is_tried_and_put_back():
     model = _Pair().train()
     histories = mode_histories(model, [["", "a"]])

@@ -164,8 +164,6 @@ OPEN = {
     "r16_modstate.py:flag_read_through_method": "a submodule's method reading its own training flag is its own read "
                                                 "(Gemma3n's AltUp does so), and a module's own flag is flipped only "
                                                 "with the whole model's (--mode)",
-    "r16_modstate.py:flag_read_from_dict": "a training flag read through the module's __dict__ passes the class-level "
-                                           "watch (module_state.flag_reads), so the mixed-mode path is never run",
 }
 KNOWN = {**CONSERVATIVE, **OPEN}
 
