@@ -128,6 +128,13 @@ _PROCESS_BUILTINS = frozenset({"open", "input", "id", "hash", "globals", "locals
 _PLUMBING = frozenset({"torch.overrides", "qlint.capture.eager_record", "qlint.capture.module_state"})
 # a builtin of the operating system that acts (output, a wait) and answers nothing the forward branches on
 _ACTIONS = frozenset({"write", "writev", "pwrite", "fsync", "fdatasync", "sleep", "sched_yield"})
+def _asks_torch(module: str) -> bool:
+    """A builtin of ``module`` called by the model's code reads the process, unless it is torch's computation: the
+    ops (``torch._C._VariableFunctions``, ``torch._C._nn``, ...) compute; a builtin of ``torch._C`` itself answers a
+    question of the build or the process (``torch._C._cuda_getDeviceCount()``, ``torch.get_num_threads()``)."""
+    return not module.startswith("torch") or module == "torch._C"
+
+
 _PLAIN_VALUES = (bool, int, float, complex, str, bytes, torch.device, torch.dtype)
 # objects whose builtin methods compute on the object's own contents (a thread-local's or a stream's read the
 # process): the graph check follows a container the model holds as state
@@ -264,7 +271,7 @@ class ProcessReads:
                 pass
             elif isinstance(owner, types.ModuleType) and (owner.__name__ not in _PURE_MODULES
                                                           or arg.__name__ in _PROCESS_BUILTINS) \
-                    and not owner.__name__.startswith("torch") and arg not in self.mode_queries \
+                    and _asks_torch(owner.__name__) and arg not in self.mode_queries \
                     and arg.__name__ not in _ACTIONS:
                 self.query(f"the value of `{owner.__name__}.{arg.__name__}()`", frame)
             elif owner is not None and not _pure_receiver(owner):  # an object's state (a stream's)
