@@ -47,7 +47,7 @@ from qlint.core.graph import ENGINE_FOLDERS, TORCH_DIR
 from qlint.capture.graph_check import (GraphMismatch, compare_with_eager, eager_failure, require_every_op,
                                       shape_coverage)
 from qlint.core.ops import declared_name
-from qlint.capture.process_state import answering, environment_set
+from qlint.capture.process_state import answering, environment_set, own_caches_apart
 from qlint.capture.harness import first_line, grad_state, has_meta, is_hugging_face, quiet, restore, snapshot
 from qlint.capture.trace import (ModeGraph, TraceFailure, TracedGraph, ValueSpecialised, export_module, make_fx_module,
                                  non_finite_parameters, redefining_tensor, symbolic_trace_module)
@@ -82,14 +82,15 @@ def capture(model: torch.nn.Module, inputs: Optional[tuple], registry: Any = Non
     _preconditions(model, inputs, prefer)
     held = _attributes(model)
     try:
-        recorded = _recorded(model, inputs) if inputs is not None and not has_meta(model, inputs) else None
-        traced = _first_faithful(model, inputs, registry, prefer, reuse, shapes_too, recorded)
-        if recorded is not None:
-            traced.conditions = recorded.conditions
-            traced.in_modes += _in_modes(traced.tracer, model, traced.module, inputs, registry, reuse,
-                                         traced.graph_check, _environment_modes(recorded.environment_changing)
-                                         + _answer_modes(recorded.answers_to_trace))
-        return traced
+        with own_caches_apart(model):  # the model's memoised queries asked again, the user's caches kept
+            recorded = _recorded(model, inputs) if inputs is not None and not has_meta(model, inputs) else None
+            traced = _first_faithful(model, inputs, registry, prefer, reuse, shapes_too, recorded)
+            if recorded is not None:
+                traced.conditions = recorded.conditions
+                traced.in_modes += _in_modes(traced.tracer, model, traced.module, inputs, registry, reuse,
+                                             traced.graph_check, _environment_modes(recorded.environment_changing)
+                                             + _answer_modes(recorded.answers_to_trace))
+            return traced
     finally:
         _restore_attributes(model, held)
 

@@ -426,18 +426,47 @@ def environment_set(name: str, value: Optional[str]) -> Iterator[None]:
             os.environ[name] = before
 
 
-def _clear_own_caches() -> None:
-    """Empty the ``functools`` caches of the model's own modules (their functions and classes' methods): a cached
-    answer is a read made before the forward qlint watches, and answering a query the other way must reach it."""
+_APART: list[Any] = []  # the empty caches in place of the model's own while :func:`own_caches_apart` holds them
+
+
+@contextlib.contextmanager
+def own_caches_apart(model: Any) -> Iterator[None]:
+    """The ``functools`` caches of the model's own code (its modules' functions and classes' methods, and those its
+    submodules hold) swapped for empty ones of the same size while qlint runs the model: each watched forward
+    empties them (:func:`_clear_own_caches`), and the user's own caches (a test's or a notebook's memoised results)
+    are put back untouched."""
+    swapped: list[tuple[Any, str, Any]] = []
+    fresh: dict[int, Any] = {}
+    owners = list(model.modules())
     for module in list(sys.modules.values()):
         file = getattr(module, "__file__", None)
-        if not file or not own_code(file):
-            continue
-        for value in list(vars(module).values()):
-            for member in [value, *(vars(value).values() if isinstance(value, type) else ())]:
-                member = getattr(member, "__func__", member)
-                if hasattr(member, "cache_clear") and hasattr(member, "__wrapped__"):
-                    member.cache_clear()
+        if file and own_code(file):
+            owners += [module, *(value for value in list(vars(module).values())
+                                 if isinstance(value, type) and value.__module__ == module.__name__)]
+    for owner in owners:
+        for name, value in list(vars(owner).items()):
+            function = value.__func__ if isinstance(value, (staticmethod, classmethod)) else value
+            if not isinstance(function, functools._lru_cache_wrapper):  # type: ignore[attr-defined]
+                continue
+            if id(function) not in fresh:
+                fresh[id(function)] = functools.lru_cache(**function.cache_parameters())(function.__wrapped__)
+            empty = fresh[id(function)]
+            setattr(owner, name, empty if function is value else type(value)(empty))
+            swapped.append((owner, name, value))
+    _APART.extend(fresh.values())
+    try:
+        yield
+    finally:
+        del _APART[len(_APART) - len(fresh):]
+        for owner, name, value in reversed(swapped):
+            setattr(owner, name, value)
+
+
+def _clear_own_caches() -> None:
+    """Empty the caches :func:`own_caches_apart` put in place: a cached answer is a read made before the forward
+    qlint watches, and answering a query the other way must reach it."""
+    for cache in _APART:
+        cache.cache_clear()
 
 
 def _pure_receiver(owner: Any) -> bool:

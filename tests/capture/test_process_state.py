@@ -13,7 +13,7 @@ import torch
 from torch import nn
 
 from qlint.capture.eager_record import record
-from qlint.capture.process_state import answering, environment_set
+from qlint.capture.process_state import answering, environment_set, own_caches_apart
 
 
 def _compiled(file: str):
@@ -212,6 +212,31 @@ def test_a_two_valued_query_is_answered_both_ways_and_put_back():
     with answering(function, not answer):
         assert torch.cuda.is_available() is (not answer)
     assert torch.cuda.is_available() is answer
+
+
+def test_the_models_memoised_query_is_asked_again_and_the_users_caches_are_kept(tmp_path, monkeypatch):
+    """While qlint captures, the model's own ``functools`` caches are empty ones of the same kind (a memoised answer
+    is asked again in each watched forward); after it, the user's caches hold what they held (a test's or a
+    notebook's memoised results are not qlint's to drop)."""
+    (tmp_path / "memo.py").write_text(
+        "import functools\nimport torch\n\n\n@functools.cache\ndef fast():\n    return torch.cuda.is_available()\n\n\n"
+        "class Holder:\n    @staticmethod\n    @functools.lru_cache(maxsize=4)\n    def kept(n):\n        return n * 2\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    import memo
+
+    memo.fast(), memo.Holder.kept(3)
+    user_caches = (memo.fast, vars(memo.Holder)["kept"])
+    model = _Reads(memo.fast)  # holding the function too
+    with own_caches_apart(model):
+        assert memo.fast is not user_caches[0] and memo.fast.cache_info().currsize == 0
+        assert memo.Holder.kept(3) == 6 and memo.Holder.kept.cache_parameters()["maxsize"] == 4
+        assert model.switch is memo.fast
+        recorded = record(model, (torch.randn(1, 2),))
+    assert model.switch is user_caches[0]
+    assert [what for what, _ in [(c.what, c) for c in recorded.conditions]] == [
+        f"the value of `torch.cuda.is_available` ({torch.cuda.is_available()} here)"]
+    assert (memo.fast, vars(memo.Holder)["kept"]) == user_caches
+    assert memo.fast.cache_info().currsize == 1 and memo.Holder.kept.cache_info().currsize == 1
 
 
 class _Device(nn.Module):
