@@ -23,7 +23,6 @@ ran (:func:`missing_ops`).
 from __future__ import annotations
 
 import contextlib
-import linecache
 import sys
 import types
 import weakref
