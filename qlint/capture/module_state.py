@@ -110,6 +110,23 @@ class _WatchedRegistry(NotingReads, OrderedDict):
                 lines["hooks"] = line_of(frame)
 
 
+def _held(model: torch.nn.Module, wanted: dict[int, Any], skip: tuple[str, ...] = ()) -> Iterator[tuple[str, str, Any]]:
+    """(holder's path, attribute, ``wanted``'s value) for each attribute of the model's modules that is one of
+    ``wanted`` (by identity), or a list, tuple or dict holding one: a reference taken when the model was built,
+    which a swap of the original's own slot leaves unwatched (and whose reads and writes a swap would split). A
+    module's ``__dict__`` held is not looked into: the swaps replace the slots in it, so reads through it are seen."""
+    namespaces = {id(vars(module)) for module in model.modules()}
+    for path, module in model.named_modules():
+        for name, value in vars(module).items():
+            if name in skip:
+                continue
+            inner = (() if id(value) in namespaces else value.values() if isinstance(value, dict)
+                     else value if isinstance(value, (list, tuple)) else ())
+            for item in (value, *inner):
+                if id(item) in wanted:
+                    yield path, name, wanted[id(item)]
+
+
 @contextlib.contextmanager
 def hook_reads(model: torch.nn.Module, facts_read: dict[str, str]) -> Iterator[None]:
     """While the block runs, a read of any hook registry by the model's code goes to ``facts_read["hooks"]``
@@ -122,8 +139,8 @@ def hook_reads(model: torch.nn.Module, facts_read: dict[str, str]) -> Iterator[N
     owners += [(vars(module_module), name, value) for name, value in list(vars(module_module).items())
                if name.startswith("_global_") and name.endswith("hooks") and isinstance(value, dict)]
     registries = {id(value): f"`{name}`" for _, name, value in owners}
-    held = next((f"`{path or 'model'}.{name}` (holding {registries[id(value)]})" for path, m in model.named_modules()
-                 for name, value in vars(m).items() if name not in _HOOK_REGISTRIES and id(value) in registries), None)
+    held = next((f"`{path or 'model'}.{name}` (holding {registry})"
+                 for path, name, registry in _held(model, registries, skip=_HOOK_REGISTRIES)), None)
     if held is not None:  # a registry held under another name is read where no swap can watch it
         facts_read.setdefault("hooks", held)
     swapped = []
@@ -196,9 +213,16 @@ class _FlagHoldingDict(NotingReads, dict):
 def flag_reads(model: torch.nn.Module, groups: dict[str, dict[str, str]]) -> Iterator[None]:
     """While the block runs, each module that reads training flags (by name, "" the model) goes to ``groups``
     with the modules whose flags it read (name -> the first line); a class that defines ``training`` itself (a
-    property) is watched through it, and each module's ``__dict__`` is watched too."""
+    property) is watched through it, and each module's ``__dict__`` is watched too. A ``__dict__`` another module
+    holds (``self.state = self.w3.__dict__``) is left in place and counted as read by its holder: the holder's
+    reads of it are out of sight, and a swapped copy would split the two."""
     names = {id(m): name for name, m in model.named_modules()}
     reads: dict[Any, dict[int, str]] = {}
+    held = {id(vars(m)): m for m in model.modules()}
+    for holder, attribute, owner in _held(model, held):
+        reads.setdefault(holder, {}).setdefault(
+            id(owner), f"`{holder or 'model'}.{attribute}` (holding the __dict__ of `{names[id(owner)] or 'model'}`)")
+    left = {identity for owners in reads.values() for identity in owners}
     classes = list(dict.fromkeys(type(m) for m in model.modules()))
     own = {cls: vars(cls).get("training") for cls in classes}
     inner = {cls: next((vars(base)["training"] for base in cls.__mro__ if "training" in vars(base)), None)
@@ -207,7 +231,7 @@ def flag_reads(model: torch.nn.Module, groups: dict[str, dict[str, str]]) -> Ite
     try:
         for cls in classes:
             setattr(cls, "training", _WatchedFlag(reads, names, inner[cls]))
-        for module in dict.fromkeys(model.modules()):
+        for module in dict.fromkeys(m for m in model.modules() if id(m) not in left):
             original = module.__dict__
             watched = _FlagHoldingDict(original)
             watched.watch = (reads, names, id(module))  # type: ignore[attr-defined]

@@ -66,6 +66,26 @@ def test_a_flag_read_from_a_modules_dict_is_noted_and_the_dict_put_back_with_wha
     assert model.a.__dict__ is original and type(original) is dict and model.b.note == 1
 
 
+def test_a_modules_dict_held_by_another_is_its_holders_read_and_is_not_swapped():
+    model = _Pair(lambda m: m.held["training"]).train()
+    model.held = model.a.__dict__  # a reference taken at build time: reads through it pass every watch
+    groups: dict[str, dict[str, str]] = {}
+    with flag_reads(model, groups):
+        assert model.a.__dict__ is model.held  # left in place: a swapped copy would split reads from writes
+        model(torch.randn(1, 2))
+    assert groups == {"": {"a": "`model.held` (holding the __dict__ of `a`)"}}
+    assert set(cross_reads(groups)) == {""}
+
+
+def test_a_hook_registry_held_in_a_list_is_a_read():
+    model = _Pair()
+    model.observed = [model.a._forward_hooks]
+    facts: dict[str, str] = {}
+    with hook_reads(model, facts):
+        model(torch.randn(1, 2))
+    assert facts == {"hooks": "`model.observed` (holding `_forward_hooks`)"}
+
+
 def test_every_combination_of_the_flags_read_together_is_tried_and_put_back():
     model = _Pair().train()
     histories = mode_histories(model, [["", "a"]])
