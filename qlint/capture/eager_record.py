@@ -338,6 +338,27 @@ def _torch_function_disabling(facts_read: dict[str, str]) -> Iterator[None]:
             setattr(torch._C, name, original)
 
 
+@contextlib.contextmanager
+def _input_grad_reads(facts_read: dict[str, str]) -> Iterator[None]:
+    """Notes (as the fact "autograd") where the model's code reads ``ctx.needs_input_grad`` in a custom autograd
+    Function: autograd fills it in C from each input's ``requires_grad``, so no tensor attribute is read there, yet
+    a forward may branch on it (a frozen weight's inference kernel)."""
+    context = torch.autograd.function.BackwardCFunction
+    given = vars(torch._C._FunctionBase)["needs_input_grad"]
+
+    def read(ctx: Any) -> Any:
+        caller = sys._getframe(1)
+        if model_code(caller.f_code.co_filename):
+            facts_read.setdefault("autograd", line_of(caller))
+        return given.__get__(ctx, type(ctx))
+
+    context.needs_input_grad = property(read)
+    try:
+        yield
+    finally:
+        del context.needs_input_grad
+
+
 class _WatchedAttributes(NotingReads, dict):
     """A given tensor's ``__dict__`` while the forward runs: a read of it by the model's own code is noted."""
 
@@ -396,8 +417,8 @@ def record(model: torch.nn.Module, inputs: tuple, calls: int = 1) -> EagerRecord
         try:
             # called as the tracers call it (no cache built)
             with tensor_outputs(model), origins, methods, process, _torch_function_disabling(methods.facts_read), \
-                    hook_reads(model, methods.facts_read), flag_reads(model, flags), \
-                    _attributes_missed(model, inputs, methods.facts_read):
+                    _input_grad_reads(methods.facts_read), hook_reads(model, methods.facts_read), \
+                    flag_reads(model, flags), _attributes_missed(model, inputs, methods.facts_read):
                 outputs = model(*inputs)
         except Exception:  # noqa: BLE001  (a forward that fails here fails in the tracers too, with its reason)
             return EagerRecord(read or origins.read, conditions=process.conditions)

@@ -11,6 +11,7 @@ import contextlib
 import functools
 import linecache
 import sys
+import collections
 import types
 from collections import Counter
 from copy import deepcopy
@@ -241,15 +242,19 @@ def _short(value: Any, width: int = 80) -> str:
 
 
 _PLAIN = (bool, int, float, complex, str, type(None))
+_CONTAINERS = (list, tuple, dict, collections.deque, set, frozenset)
 MAX_COMPARED_ELEMENTS = 100_000  # a held array or integer tensor compared by value up to this size (else by version)
+MAX_DEPTH = 5  # containers followed this deep (a counter in a list in the default argument of a function held)
 
 
 def python_state(model: torch.nn.Module, roots: Optional[Mapping[str, Callable[[], Any]]] = None) -> dict[str, Any]:
     """The Python state a forward can count its calls in, as comparable data: what each module holds as
-    attributes and its class holds as class attributes (plain values, also inside dicts, lists, tuples, held
-    objects and the closure cells of held functions; NumPy arrays; integer and bool tensors), and the globals
-    the model's own code names (``roots``: :attr:`qlint.capture.eager_record.EagerRecord.state_roots`).
-    Float tensors are left out: a float value the model holds is a parameter, any value of which is analysed."""
+    attributes and its class holds as class attributes (plain values, also inside containers, held objects,
+    the closure cells and default arguments of held functions, and objects that show their state in their
+    ``repr``; NumPy arrays; tensors other than parameters and buffers), and the globals the model's own code
+    names (``roots``: :attr:`qlint.capture.eager_record.EagerRecord.state_roots`). A float tensor held as a
+    plain attribute is compared by value too: any value of it is analysed, but one the forward moves on
+    between calls is a count (the graph holds the value of the call it traced)."""
     state: dict[str, Any] = {}
     classes: set[type] = set()
     for path, module in model.named_modules():
@@ -276,32 +281,70 @@ def _keep(state: dict[str, Any], name: str, value: Any) -> None:
 _NOT_PLAIN = object()
 
 
+class _TensorValue:
+    """A float tensor's values, equal to another's where every element is (NaN to NaN)."""
+
+    def __init__(self, tensor: torch.Tensor) -> None:
+        self.tensor = tensor.detach().clone()
+
+    def __eq__(self, other: object) -> bool:
+        a, b = self.tensor, getattr(other, "tensor", None)
+        return (isinstance(b, torch.Tensor) and a.shape == b.shape and a.dtype == b.dtype
+                and bool(((a == b) | (a.isnan() & b.isnan())).all()))
+
+    def __repr__(self) -> str:
+        return f"tensor of {tuple(self.tensor.shape)} {self.tensor.flatten()[:4].tolist()}"
+
+
 def _plain(value: Any, depth: int = 0) -> Any:
-    """``value`` as comparable plain data (a NumPy array or an integer tensor as its values, containers as
-    tuples, a held object as its attributes, a function as its closure cells), or _NOT_PLAIN for anything
-    else (a module, a float tensor, a class)."""
+    """``value`` as comparable data (a NumPy array or a tensor as its values, containers as tuples, a held
+    object as its attributes, a function as its closure cells and defaults, an object with a ``repr`` of its
+    own as that text), or _NOT_PLAIN for anything else (a module, a class, a tensor subclass)."""
     if isinstance(value, _PLAIN):
         return value
     if type(value).__module__ == "numpy" and hasattr(value, "tobytes") and hasattr(value, "shape"):
         return ("array", value.shape, value.tobytes() if value.size <= MAX_COMPARED_ELEMENTS else value.size)
     if isinstance(value, torch.Tensor):
-        if value.is_floating_point() or value.is_complex() or value.is_meta or type(value) is not torch.Tensor:
+        if value.is_meta or type(value) is not torch.Tensor:
             return _NOT_PLAIN
+        if value.is_floating_point() or value.is_complex():
+            return _TensorValue(value)
         return ("tensor", tuple(value.shape), value.tolist() if value.numel() <= MAX_COMPARED_ELEMENTS
                 else value._version)
-    if depth >= 3:
+    if depth >= MAX_DEPTH:
         return _NOT_PLAIN
     if isinstance(value, types.MethodType):
         value = value.__func__
-    if isinstance(value, types.FunctionType):  # what its closure cells hold (a counter a forward closes over)
-        value = dict(zip(value.__code__.co_freevars, map(_cell_contents, value.__closure__ or ())))
-    if isinstance(value, (list, tuple, dict)) or _held_object(value):
-        items = value.items() if isinstance(value, dict) else vars(value).items() if _held_object(value) \
-            else enumerate(value)
-        kept = {k: v for k, item in items if isinstance(k, _PLAIN)
-                for v in [_plain(item, depth + 1)] if v is not _NOT_PLAIN}
+    if isinstance(value, types.FunctionType):  # a counter a forward closes over, or keeps in a default argument
+        value = {**dict(zip(value.__code__.co_freevars, map(_cell_contents, value.__closure__ or ()))),
+                 "(defaults)": value.__defaults__, "(keyword defaults)": value.__kwdefaults__}
+    if isinstance(value, _CONTAINERS) or _held_object(value):
+        items = (value.items() if isinstance(value, dict) else vars(value).items() if _held_object(value)
+                 else enumerate(sorted(value, key=repr)) if isinstance(value, (set, frozenset)) else enumerate(value))
+        kept = {key: v for k, item in items for key in [k if isinstance(k, _PLAIN) else _plain(k, depth + 1)]
+                if _hashable(key) for v in [_plain(item, depth + 1)] if v is not _NOT_PLAIN}
         return tuple(sorted(kept.items(), key=lambda kv: repr(kv[0]))) if kept else _NOT_PLAIN
+    if _shows_its_state(value):  # an iterator's position, a counter (itertools.count(3))
+        return ("repr", repr(value))
     return _NOT_PLAIN
+
+
+def _shows_its_state(value: Any) -> bool:
+    """An object without attributes qlint can read whose class writes its own ``repr`` (not torch's: a
+    generator's state, a stream's, is followed elsewhere)."""
+    kind = type(value)
+    return (kind.__repr__ is not object.__repr__ and not kind.__module__.startswith(("torch", "numpy"))
+            and not isinstance(value, (type, types.ModuleType, types.BuiltinFunctionType, property, staticmethod,
+                                       classmethod, torch.nn.Module)))
+
+
+def _hashable(key: Any) -> bool:
+    """A key kept as comparable data (a ``torch.Size`` as its sizes); a tensor's values are no key."""
+    try:
+        hash(key)
+    except TypeError:
+        return False
+    return key is not _NOT_PLAIN
 
 
 def _cell_contents(cell: Any) -> Any:

@@ -160,9 +160,10 @@ def inline_custom_ops(module: fx.GraphModule, inputs: Optional[tuple],
                       known: Callable[[Any], bool] = lambda target: False) -> frozenset[str]:
     """Replace each call of a custom op whose body is known (:func:`custom_body`) and that the registry does
     not bound itself (``known``: transformers' grouped_mm_fallback has its rule) by the body's ops, traced
-    by make_fx on tensors of the call's arguments' shapes and dtypes (read from the graph's recorded
+    by make_fx on fake tensors of the call's arguments' shapes and dtypes (read from the graph's recorded
     values, or from one run on ``inputs``); returns the ops inlined. A call whose arguments are not
-    plain tensors and numbers stays one node."""
+    plain tensors and numbers stays one node, and so does a body that reads its arguments' values (a branch
+    on ``u.nonzero().numel()``): traced on one value, it would stand for the path that value takes."""
     calls = [n for n in module.graph.nodes
              if n.op == "call_function" and not known(n.target) and custom_body(n.target) is not None]
     if not calls:
@@ -193,7 +194,7 @@ def inline_custom_ops(module: fx.GraphModule, inputs: Optional[tuple],
             return body_fn(*arguments)
 
         try:
-            body = make_fx(call)(*[examples[i] for i in tensors])
+            body = make_fx(call, tracing_mode="fake")(*[examples[i] for i in tensors])
         except Exception:  # noqa: BLE001  (a body make_fx cannot follow: the call stays one node)
             continue
         name, op = f"_qlint_custom_op_{number}", str(getattr(node.target, "_opname", node.target))

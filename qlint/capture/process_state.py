@@ -24,6 +24,8 @@ switches are its configuration, as torch's global modes are torch's, which the g
 from __future__ import annotations
 
 import _thread
+import builtins
+import collections
 import contextlib
 import contextvars
 import ctypes
@@ -138,8 +140,8 @@ def _asks_torch(module: str) -> bool:
 _PLAIN_VALUES = (bool, int, float, complex, str, bytes, torch.device, torch.dtype)
 # objects whose builtin methods compute on the object's own contents (a thread-local's or a stream's read the
 # process): the graph check follows a container the model holds as state
-_PURE_RECEIVERS = (*_PLAIN_VALUES, dict, list, tuple, set, frozenset, bytearray, range, slice, torch.Tensor,
-                   torch.Size, type(re.compile("")), type(re.match("", "")))
+_PURE_RECEIVERS = (*_PLAIN_VALUES, dict, list, tuple, set, frozenset, collections.deque, bytearray, range, slice,
+                   torch.Tensor, torch.Size, type(re.compile("")), type(re.match("", "")))
 
 
 # the values a switch in the environment takes (unset, empty, the usual spellings of off and on): a forward that
@@ -246,7 +248,7 @@ class ProcessReads:
             query = self.queries.pop(id(frame), None) if self.queries else None
             if query is not None and _answers(arg, *query[2:]):
                 caller, name = query[:2]
-                what = f"the value of `{name}` ({reprlib.repr(arg)} here)"
+                what = f"the value of `{name}` ({_shown(arg)} here)"
                 self.query(what, caller)
                 function = _function_of(frame) if isinstance(arg, bool) else None
                 if function is not None and ("process", what) in self.found:
@@ -351,6 +353,12 @@ class ProcessReads:
                     held = vars(value)
                     found += [(*state, line) for other in sorted(attributes) if other in held
                               for state in [_state(held[other], f"{name}.{other}")] if state is not None]
+            for root, kind, chain, line in _chains(code):
+                value = frame.f_locals.get(root) if kind == "cell" else frame.f_globals.get(
+                    root, vars(builtins).get(root))
+                read = _platform_read(value, root, chain)
+                if read is not None:
+                    found.append(("platform", read, line))
             self.names_seen[key] = found
         arguments = code.co_varnames[:code.co_argcount + code.co_kwonlyargcount]
         return self.names_seen[key] + [(*state, frame.f_lineno) for name in arguments
@@ -398,6 +406,56 @@ def _loads(code: types.CodeType) -> tuple[tuple[str, Optional[int], str], ...]:
         line = positions.lineno if positions is not None else instruction.starts_line
         seen[(instruction.argval, kind)] = (instruction.argval, line, kind)
     return tuple(seen.values())
+
+
+@functools.lru_cache(maxsize=4096)
+def _chains(code: types.CodeType) -> tuple[tuple[str, str, tuple[str, ...], Optional[int]], ...]:
+    """The attribute chains a code object reads off a global or a closure cell (``sys.platform``,
+    ``torch.version.hip``): (root, its kind, the attributes, the line)."""
+    chains: list[tuple[str, str, list[str], Optional[int]]] = []
+    current: Optional[list[str]] = None
+    for instruction in dis.get_instructions(code):
+        kind = _LOAD_KINDS.get(instruction.opname)
+        if kind in ("global", "cell"):
+            positions = getattr(instruction, "positions", None)
+            current = []
+            chains.append((instruction.argval, kind, current,
+                           positions.lineno if positions is not None else instruction.starts_line))
+        elif kind == "attribute" and current is not None:
+            current.append(instruction.argval)
+        else:
+            current = None
+    return tuple((root, kind, tuple(chain), line) for root, kind, chain, line in chains if chain)
+
+
+def _platform_read(value: Any, name: str, chain: tuple[str, ...]) -> Optional[str]:
+    """What ``name.a.b`` reads when it reaches a plain value through modules and objects that are neither the
+    model's own code, a pure module (``math.pi``) nor torch's values (``sys.platform``, ``torch.version.hip``,
+    ``sys.flags.optimize``, a logger's level): a fact of the platform or the process, one value in every run
+    here. Nothing is read past a callable: what a call answers is its return's (:meth:`ProcessReads._event`)."""
+    path = name
+    for attribute in chain:
+        if not _outside(value):
+            return None
+        try:
+            value = getattr(value, attribute)
+        except Exception:  # noqa: BLE001  (an attribute that fails here is read nowhere)
+            return None
+        path += f".{attribute}"
+        if isinstance(value, (bool, int, str, bytes, type(None))) and not isinstance(value, enum.Enum):
+            return f"`{path}` ({reprlib.repr(value)} here)"
+    return None
+
+
+def _outside(value: Any) -> bool:
+    """A module or an object whose attributes the platform or a library sets, not the model's own code."""
+    if isinstance(value, types.ModuleType):
+        file = getattr(value, "__file__", None) or ""
+        return value.__name__.split(".")[0] not in _PURE_MODULES and not (file and own_code(file))
+    kind = type(value)
+    place = getattr(sys.modules.get(kind.__module__), "__file__", None) or ""
+    return not (callable(value) or isinstance(value, (torch.Tensor, torch.nn.Module, *_PLAIN_VALUES))
+                or kind.__module__.split(".")[0] in ("torch", *_PURE_MODULES) or (place and own_code(place)))
 
 
 _LOAD_KINDS = {"LOAD_GLOBAL": "global", "LOAD_NAME": "global", "LOAD_DEREF": "cell", "LOAD_CLASSDEREF": "cell",
@@ -476,13 +534,28 @@ def _pure_receiver(owner: Any) -> bool:
 def _answers(value: Any, computes: bool, method: bool, standard: bool) -> bool:
     """Whether a query returned a fact of the process: True or False from a computation on a tensor; from anything
     else a plain value, an enum, a tuple of them (``platform.uname()``), or None from a standard-library function
-    (``find_spec`` finding nothing; a library's or a method's None is an action done: a logger's call)."""
+    (``find_spec`` finding nothing; a library's or a method's None is an action done: a logger's call), or a
+    torch-function or dispatch mode (which modes are active: qlint's own watchers while it checks, none in a plain
+    run)."""
+    if isinstance(value, _MODES):
+        return True
     if computes:
         return isinstance(value, bool)
     if value is None:
         return standard and not method
     plain = (*_PLAIN_VALUES, enum.Enum)
     return isinstance(value, plain) or (isinstance(value, tuple) and all(isinstance(v, plain) for v in value))
+
+
+_MODES = (torch.overrides.TorchFunctionMode, torch.utils._python_dispatch.TorchDispatchMode)
+
+
+def _shown(answer: Any) -> str:
+    """A query's answer as the condition names it: a mode by its class (qlint's own watchers differ per forward)."""
+    if isinstance(answer, _MODES):
+        return f"a {type(answer).__name__} mode" + (", qlint's own" if type(answer).__module__.startswith("qlint")
+                                                     else "")
+    return reprlib.repr(answer)
 
 
 def _default(frame: types.FrameType, name: str, value: Any) -> bool:

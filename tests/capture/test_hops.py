@@ -107,6 +107,32 @@ def test_an_unknown_custom_op_is_named_with_its_own_namespace():
     assert reasons(report) == ["block `Block` is uncertified: unknown op `torch.ops.qlint_test.mystery`"]
 
 
+@pytest.mark.parametrize("branching", [False, True])
+def test_a_custom_op_body_is_inlined_unless_it_reads_its_arguments_values(branching):
+    """Traced on fake tensors (review r17): a body that branches on its argument's values would stand for the
+    path of the one value it was traced on (zeros skip the work), so it stays one unknown op."""
+    name = f"qlint_test::soft_square_{int(branching)}"
+
+    @torch.library.custom_op(name, mutates_args=())
+    def soft_square(u: torch.Tensor) -> torch.Tensor:
+        if branching and u.nonzero().numel() == 0:  # an all-zero batch: nothing to do
+            return u.clone()
+        return u * u
+
+    soft_square.register_fake(lambda u: torch.empty_like(u))
+
+    class Block(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.fc = nn.Linear(8, 8)
+
+        def forward(self, x):
+            return x + self.fc(soft_square(self.fc(x)))
+
+    report = run(Block(), (torch.randn(2, 8),), spec="b", options=Options(tracer="export")).report
+    assert verdict(report) == ([("Block", None, "uncertified")] if branching else [("Block", 2.0, "supercritical")])
+
+
 # --- every spelling, one entry -------------------------------------------------------------------
 
 

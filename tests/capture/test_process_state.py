@@ -121,6 +121,19 @@ def test_a_fact_about_a_tensors_history_is_read_with_its_line(expression, family
     assert _facts_read(str(Path(torch.__file__).parent / "nn" / "x.py"), expression) == {}  # torch's own business
 
 
+def test_a_custom_functions_needs_input_grad_is_a_read_of_autograd_state():
+    """Autograd fills ``ctx.needs_input_grad`` in C from each input's requires_grad (review r17): no tensor attribute
+    is read, yet a forward may branch on it; torch's own Functions reading it are torch's business."""
+    namespace: dict = {}
+    exec(compile("import torch\nclass Scaled(torch.autograd.Function):\n    @staticmethod\n"
+                 "    def forward(ctx, x):\n        return x * 2 if ctx.needs_input_grad[0] else x * 3\n"
+                 "    @staticmethod\n    def backward(ctx, grad):\n        return grad * 2\n"
+                 "def read(x):\n    return Scaled.apply(x)\n", "/home/me/project/model.py", "exec"), namespace)
+    facts = record(_DtypeReader(namespace["read"]), (torch.randn(1, 2),)).facts_read
+    assert facts.get("autograd", "").startswith("/home/me/project/model.py:5 "), facts
+    assert "needs_input_grad" not in vars(torch.autograd.function.BackwardCFunction)  # put back
+
+
 def test_values_and_shapes_are_no_history():
     assert _facts_read("/home/me/project/model.py", "(x.shape[0], x.sum(), x.ndim, x.device, x.T, x.numel())") == {}
 
@@ -170,11 +183,12 @@ QUERIES = {  # a query of the process (no argument, or of an object): a conditio
     "CUDA": ("import torch\ndef switch():\n    return torch.cuda.is_available()\n", "torch.cuda.is_available"),
     "process group": ("import torch.distributed as dist\ndef switch():\n    return dist.is_initialized()\n",
                       "is_initialized"),
-    "backend flag": ("import torch\ndef switch():\n    return torch.backends.cudnn.benchmark\n", "ContextProp.__get__"),
     "logger level": ("import logging\ndef switch():\n    return logging.getLogger('m').isEnabledFor(10)\n",
                      "Logger.isEnabledFor"),
     "cores": ("import os\ndef switch():\n    return os.cpu_count() > 256\n", "cpu_count()"),
     "threads": ("import threading\ndef switch():\n    return threading.active_count() > 4\n", "threading.active_count"),
+    "dispatch mode": ("from torch.utils._python_dispatch import _get_current_dispatch_mode\ndef switch():\n"
+                      "    return _get_current_dispatch_mode() is None\n", "mode, qlint's own"),
 }
 
 
@@ -189,13 +203,35 @@ def test_a_query_of_the_platform_is_a_condition_naming_its_answer(spelling):
     assert len(found) == 1 and name in found[0].what and found[0].line == 3, found
 
 
+PLATFORM_ATTRIBUTES = {  # a plain value read off the platform with no call (review r17): a condition naming it
+    "sys.platform": ("import sys\ndef switch():\n    return sys.platform == 'darwin'\n", "`sys.platform` ("),
+    "a module's module": ("import torch\ndef switch():\n    return torch.version.hip is not None\n",
+                          "`torch.version.hip` (None here)"),
+    "a backend flag": ("import torch\ndef switch():\n    return torch.backends.cudnn.benchmark\n",
+                       "`torch.backends.cudnn.benchmark` (False here)"),
+    "a record": ("import sys\ndef switch():\n    return bool(sys.flags.optimize)\n", "`sys.flags.optimize` (0 here)"),
+    "an object": ("import logging\nLOG = logging.getLogger('m')\ndef switch():\n    return LOG.level > 0\n",
+                  "`LOG.level` (0 here)"),
+}
+
+
+@pytest.mark.parametrize("spelling", list(PLATFORM_ATTRIBUTES))
+def test_a_plain_value_read_off_the_platform_is_a_condition(spelling):
+    source, what = PLATFORM_ATTRIBUTES[spelling]
+    namespace: dict = {}
+    exec(compile(source, "/home/me/project/switches.py", "exec"), namespace)
+    found = [c.what for c in _conditions(namespace["switch"]) if c.kind == "platform"]
+    assert len(found) == 1 and found[0].startswith(what), found
+
+
 def test_pure_computations_and_checked_modes_are_no_condition():
     """A function of plain arguments (an installed helper), the standard library's pure modules, and the modes the
     graph check enters (is_grad_enabled, is_compiling) read nothing it cannot vary."""
     helper: dict = {}
     exec(compile("def divisible(n, k):\n    return n % k == 0\n", INSTALLED, "exec"), helper)
     namespace: dict = {"divisible": helper["divisible"]}
-    exec(compile("import math, torch\ndef switch():\n    return (divisible(64, 8), math.sqrt(4), "
+    exec(compile("import math, torch\ndef switch():\n    return (divisible(64, 8), math.sqrt(4), math.pi, "
+                 "torch.float32.is_floating_point, torch.finfo(torch.float32).max, torch.nn.functional.gelu, "
                  "torch.is_grad_enabled(), torch.compiler.is_compiling(), len([1]))\n",
                  "/home/me/project/switches.py", "exec"), namespace)
     assert _conditions(namespace["switch"]) == []

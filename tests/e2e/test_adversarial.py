@@ -74,6 +74,12 @@ CONSERVATIVE = {
     "r12_version.py:version_keyed_log_safe": "reads a parameter's version counter: a value no run can try every count of, refused by name whatever the forward does with it",
     "r12_safe25.py:linear_attention_elu": "sum_j w_j v_j / (sum_j w_j + eps) with w = (elu(q)+1)(elu(k)+1) >= 0 is a convex combination of the v_j: a relation between numerator and denominator (through two cumsums and a matmul) that the normalisation rules do not read",
     "r12_safe25.py:sliding_window_gqa": "a float mask buffer holding -inf: a float buffer is a parameter, and at other values of it a whole row may be -inf (softmax of it is NaN)",
+    # review r17
+    "r17_safe.py:platform_choice_linear_safe": "a branch on `sys.platform`: a platform fact no run here can vary stays a condition of the certificate",
+    "r17_safe.py:dispatch_mode_attention_safe": "a forward that asks which dispatch mode is active sees qlint's own: the answer of a plain run is not tried, so it stays a condition",
+    "r17_safe.py:deque_logging_safe": "a log the forward appends to each call is state kept across calls; whether a later call reads it is not followed",
+    "r17_kernels.py:custom_op_skip_empty_safe": "a custom op whose Python body branches on its argument's values is not inlined (traced on one value it would stand for that value's path): the op stays unknown",
+    "r17_floatstate.py:float_attribute_constant_zero": "a float tensor the model holds is a parameter: any value of it is analysed, so the square it scales counts (q 2)",
 }
 
 
@@ -164,6 +170,10 @@ OPEN = {
     "r16_modstate.py:flag_read_through_method": "a submodule's method reading its own training flag is its own read "
                                                 "(Gemma3n's AltUp does so), and a module's own flag is flipped only "
                                                 "with the whole model's (--mode)",
+    "r17_memo.py:lazy_capability_flag": "a platform query asked once by the factory's warm-up call and kept as a plain "
+                                        "attribute: qlint checks the model as built here, and no watched forward asks",
+    "r17_dtype.py:cast_identity_dtype_branch": "the identity of a no-op cast (`x.float() is x`) tells the dtype without "
+                                               "a dtype read, so no reduced-precision copy is run",
 }
 KNOWN = {**CONSERVATIVE, **OPEN}
 
