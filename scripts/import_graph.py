@@ -50,8 +50,8 @@ FLOORS = {
 # called in one direction. harness: what every stage shares; then the stages in the order the pipeline runs
 # them (hops and shapes: what the trace stage reads; histories and graph_check: the check and the shape coverage);
 # last the pipeline, which calls them top to bottom.
-CAPTURE_ORDER = ("harness", "process_state", "module_state", "eager_record", "reuse", "hops", "shapes", "trace",
-                 "histories", "graph_check", "pipeline")
+CAPTURE_ORDER = ("harness", "process_state", "call_state", "module_state", "eager_record", "reuse", "hops", "shapes",
+                 "trace", "histories", "graph_check", "pipeline")
 
 # at most this many Python modules (not counting __init__.py) in one folder of qlint/ or tests/
 MAX_MODULES_PER_FOLDER = 12

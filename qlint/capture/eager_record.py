@@ -478,13 +478,13 @@ _T = torch.Tensor
 # sliced or expanded batch); "inference": an inference tensor. Those have histories the graph check runs the model
 # with (capture/graph_check._other_histories). A version counter and an address take every value training gives
 # them (in-place steps, new batches), which no run can try: a read of one is refused (:data:`REFUSED_FACTS`).
-_CONSTANT_ATTRIBUTES = {"H", "T", "mH", "mT", "real", "imag", "data", "device", "layout", "ndim", "shape", "nbytes",
-                        "name", "volatile", "_has_symbolic_sizes_strides", "_python_dispatch", "is_meta", "is_mkldnn",
+_CONSTANT_ATTRIBUTES = {"H", "T", "mH", "mT", "real", "imag", "data", "device", "layout", "ndim", "shape", "name",
+                        "volatile", "_has_symbolic_sizes_strides", "_python_dispatch", "is_meta", "is_mkldnn",
                         "is_nested", "is_quantized", "is_sparse", "is_sparse_csr"}
 # whether a tensor lies on an accelerator: qlint runs the model on the CPU, so a branch on it is a condition
 _DEVICE_PREDICATES = ("is_cpu", "is_cuda", "is_ipu", "is_maia", "is_mps", "is_mtia", "is_vulkan", "is_xla", "is_xpu")
 _ATTRIBUTE_FAMILIES = {
-    **dict.fromkeys(("dtype", "itemsize"), "dtype"),
+    **dict.fromkeys(("dtype", "itemsize", "nbytes"), "dtype"),  # a size in bytes is the dtype's times the numel
     **dict.fromkeys(("requires_grad", "grad_fn", "_grad_fn", "is_leaf", "grad", "_grad", "retains_grad", "output_nr",
                      "_base", "_backward_hooks", "_post_accumulate_grad_hooks", "grad_dtype"), "autograd"),
     "_version": "version", "_cdata": "address", **dict.fromkeys(_DEVICE_PREDICATES, "device"),

@@ -11,7 +11,6 @@ import contextlib
 import functools
 import linecache
 import sys
-import collections
 import types
 from collections import Counter
 from copy import deepcopy
@@ -19,8 +18,10 @@ from typing import Any, Callable, Iterator, Mapping, Optional
 
 import torch
 import torch.fx as fx
+from torch.utils._pytree import tree_leaves
 
 from qlint.capture import eager_record, histories, shapes
+from qlint.capture.call_state import first_change, python_state
 from qlint.capture.eager_record import missing_ops, ops_run
 from qlint.capture.module_state import cross_reads
 from qlint.capture.process_state import MODE_QUERIES, mode_query_owner
@@ -218,17 +219,21 @@ def _require_stateless(model: torch.nn.Module, inputs: tuple, first: Any, before
                        written: frozenset[int], roots: Mapping[str, Callable[[], Any]]) -> None:
     """One traced call stands for every call only if the forward keeps no state: the same output over
     successive identical calls, no plain Python value of a module that the calls after the first go on
-    changing (a step counter, a depth unlocked after N calls), and no integer or bool buffer written (a
-    step count read into Python with ``int(self.step)``; BatchNorm's own ``num_batches_tracked`` excepted)."""
+    changing (a step counter, a depth unlocked after N calls), none that a backward changes (a step count kept
+    by a gradient hook), and no integer or bool buffer written (a step count read into Python with
+    ``int(self.step)``; BatchNorm's own ``num_batches_tracked`` excepted)."""
     for call in range(2, CALLS + 1):
         if not _agree(first, _eager(model, inputs)):
             raise GraphMismatch(f"the model's output changes between identical calls (call {call} differs from the "
                                 "first: state kept across calls, or unseeded randomness): no graph can stand for it")
-    after = python_state(model, roots)
-    for name, value in before.items():
-        if after.get(name, value) != value:
-            raise GraphMismatch(f"the forward changes `{name}` ({_short(value)} -> {_short(after[name])}): state kept "
-                                "across calls, which one traced call cannot stand for")
+    for what in ("the forward", "a backward"):
+        if what == "a backward":
+            _backward(model, inputs)
+        after = python_state(model, roots)
+        for name, value in before.items():
+            if after.get(name, value) != value:
+                raise GraphMismatch(f"{what} changes `{name}` ({first_change(value, after[name])}): state kept across "
+                                    "calls, which one traced call cannot stand for")
     for name, buffer in model.named_buffers():
         if (not (buffer.is_floating_point() or buffer.is_complex()) and not name.endswith("num_batches_tracked")
                 and buffer.numel() and storage_key(buffer) in written):
@@ -236,129 +241,21 @@ def _require_stateless(model: torch.nn.Module, inputs: tuple, first: Any, before
                                 "one traced call cannot stand for")
 
 
-def _short(value: Any, width: int = 80) -> str:
-    text = repr(value)
-    return text if len(text) <= width else text[: width - 3] + "..."
-
-
-_PLAIN = (bool, int, float, complex, str, type(None))
-_CONTAINERS = (list, tuple, dict, collections.deque, set, frozenset)
-MAX_COMPARED_ELEMENTS = 100_000  # a held array or integer tensor compared by value up to this size (else by version)
-MAX_DEPTH = 5  # containers followed this deep (a counter in a list in the default argument of a function held)
-
-
-def python_state(model: torch.nn.Module, roots: Optional[Mapping[str, Callable[[], Any]]] = None) -> dict[str, Any]:
-    """The Python state a forward can count its calls in, as comparable data: what each module holds as
-    attributes and its class holds as class attributes (plain values, also inside containers, held objects,
-    the closure cells and default arguments of held functions, and objects that show their state in their
-    ``repr``; NumPy arrays; tensors other than parameters and buffers), and the globals the model's own code
-    names (``roots``: :attr:`qlint.capture.eager_record.EagerRecord.state_roots`). A float tensor held as a
-    plain attribute is compared by value too: any value of it is analysed, but one the forward moves on
-    between calls is a count (the graph holds the value of the call it traced)."""
-    state: dict[str, Any] = {}
-    classes: set[type] = set()
-    for path, module in model.named_modules():
-        for key, value in vars(module).items():
-            if key not in ("_parameters", "_buffers", "_modules"):
-                _keep(state, f"{path}.{key}" if path else key, value)
-        for cls in type(module).__mro__:
-            if cls not in classes and not cls.__module__.startswith("torch"):
-                classes.add(cls)
-                for key, value in vars(cls).items():
-                    if not key.startswith("__"):
-                        _keep(state, f"{cls.__qualname__}.{key} (a class attribute)", value)
-    for name, read in (roots or {}).items():
-        _keep(state, name, read())
-    return state
-
-
-def _keep(state: dict[str, Any], name: str, value: Any) -> None:
-    plain = _plain(value)
-    if plain is not _NOT_PLAIN:
-        state[name] = plain
-
-
-_NOT_PLAIN = object()
-
-
-class _TensorValue:
-    """A float tensor's values, equal to another's where every element is (NaN to NaN)."""
-
-    def __init__(self, tensor: torch.Tensor) -> None:
-        self.tensor = tensor.detach().clone()
-
-    def __eq__(self, other: object) -> bool:
-        a, b = self.tensor, getattr(other, "tensor", None)
-        return (isinstance(b, torch.Tensor) and a.shape == b.shape and a.dtype == b.dtype
-                and bool(((a == b) | (a.isnan() & b.isnan())).all()))
-
-    def __repr__(self) -> str:
-        return f"tensor of {tuple(self.tensor.shape)} {self.tensor.flatten()[:4].tolist()}"
-
-
-def _plain(value: Any, depth: int = 0) -> Any:
-    """``value`` as comparable data (a NumPy array or a tensor as its values, containers as tuples, a held
-    object as its attributes, a function as its closure cells and defaults, an object with a ``repr`` of its
-    own as that text), or _NOT_PLAIN for anything else (a module, a class, a tensor subclass)."""
-    if isinstance(value, _PLAIN):
-        return value
-    if type(value).__module__ == "numpy" and hasattr(value, "tobytes") and hasattr(value, "shape"):
-        return ("array", value.shape, value.tobytes() if value.size <= MAX_COMPARED_ELEMENTS else value.size)
-    if isinstance(value, torch.Tensor):
-        if value.is_meta or type(value) is not torch.Tensor:
-            return _NOT_PLAIN
-        if value.is_floating_point() or value.is_complex():
-            return _TensorValue(value)
-        return ("tensor", tuple(value.shape), value.tolist() if value.numel() <= MAX_COMPARED_ELEMENTS
-                else value._version)
-    if depth >= MAX_DEPTH:
-        return _NOT_PLAIN
-    if isinstance(value, types.MethodType):
-        value = value.__func__
-    if isinstance(value, types.FunctionType):  # a counter a forward closes over, or keeps in a default argument
-        value = {**dict(zip(value.__code__.co_freevars, map(_cell_contents, value.__closure__ or ()))),
-                 "(defaults)": value.__defaults__, "(keyword defaults)": value.__kwdefaults__}
-    if isinstance(value, _CONTAINERS) or _held_object(value):
-        items = (value.items() if isinstance(value, dict) else vars(value).items() if _held_object(value)
-                 else enumerate(sorted(value, key=repr)) if isinstance(value, (set, frozenset)) else enumerate(value))
-        kept = {key: v for k, item in items for key in [k if isinstance(k, _PLAIN) else _plain(k, depth + 1)]
-                if _hashable(key) for v in [_plain(item, depth + 1)] if v is not _NOT_PLAIN}
-        return tuple(sorted(kept.items(), key=lambda kv: repr(kv[0]))) if kept else _NOT_PLAIN
-    if _shows_its_state(value):  # an iterator's position, a counter (itertools.count(3))
-        return ("repr", repr(value))
-    return _NOT_PLAIN
-
-
-def _shows_its_state(value: Any) -> bool:
-    """An object without attributes qlint can read whose class writes its own ``repr`` (not torch's: a
-    generator's state, a stream's, is followed elsewhere)."""
-    kind = type(value)
-    return (kind.__repr__ is not object.__repr__ and not kind.__module__.startswith(("torch", "numpy"))
-            and not isinstance(value, (type, types.ModuleType, types.BuiltinFunctionType, property, staticmethod,
-                                       classmethod, torch.nn.Module)))
-
-
-def _hashable(key: Any) -> bool:
-    """A key kept as comparable data (a ``torch.Size`` as its sizes); a tensor's values are no key."""
+def _backward(model: torch.nn.Module, inputs: tuple) -> None:
+    """One backward through a forward of ``inputs``, the parameters' gradients put back (what a training step
+    runs besides the forward: the model's own gradient hooks with it)."""
+    trained = [p for p in model.parameters() if p.requires_grad]
+    held = [p.grad for p in trained]
     try:
-        hash(key)
-    except TypeError:
-        return False
-    return key is not _NOT_PLAIN
-
-
-def _cell_contents(cell: Any) -> Any:
-    try:
-        return cell.cell_contents
-    except ValueError:  # an empty cell
-        return None
-
-
-def _held_object(value: Any) -> bool:
-    """A plain object a module holds (a counter in a namespace): not a module, tensor, function or class."""
-    return (hasattr(value, "__dict__") and not isinstance(value, (torch.nn.Module, type, types.ModuleType,
-                                                                    types.FunctionType, types.MethodType))
-            and not type(value).__module__.startswith("torch"))
+        with torch.enable_grad():
+            outputs = [t for t in tree_leaves(model(*inputs)) if isinstance(t, torch.Tensor) and t.requires_grad]
+            if outputs:
+                sum(t.real.float().sum() for t in outputs).backward()
+    except Exception:  # noqa: BLE001  (a model without a backward: training cannot move anything there)
+        pass
+    finally:
+        for p, grad in zip(trained, held):
+            p.grad = grad
 
 
 def _observed_modes(training: bool, compiling: bool) -> list[tuple[str, str, Any, bool]]:

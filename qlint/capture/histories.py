@@ -35,7 +35,8 @@ MAX_FROZEN_ALONE = 32  # modules whose parameters are frozen alone, and all but 
 def grad_histories(model: torch.nn.Module, inputs: tuple) -> list[tuple[str, History, bool]]:
     """Gradients off and on; inputs that require grad, or were computed (a block in the middle of a network);
     and, with gradients on and off each: the parameters frozen (all of them, each module's alone, all but each
-    module's: a head fine-tuned), after a backward (gradients held), with gradient hooks on every parameter
+    module's: a head fine-tuned; each parameter of a module that holds several alone, and all but it: a bias
+    tuned), after a backward (gradients held), with gradient hooks on every parameter
     (data-parallel training, an optimizer in the backward)."""
     parameters = [p for p in model.parameters() if p.requires_grad]
     owners = [(name or type(owner).__name__, [p for p in owner.parameters(recurse=False) if p.requires_grad])
@@ -91,11 +92,16 @@ def grad_histories(model: torch.nn.Module, inputs: tuple) -> list[tuple[str, His
         states += [("with its parameters frozen (requires_grad False)", functools.partial(frozen, parameters)),
                    ("after a backward (every parameter holding a gradient)", after_backward),
                    ("with gradient hooks on every parameter", hooked)]
-    if len(owners) > 1:
-        states += [state for name, held in owners for state in (
-            (f"with the parameters of `{name}` frozen alone", functools.partial(frozen, held)),
-            (f"with every parameter but `{name}`'s frozen", functools.partial(
-                frozen, [p for p in parameters if all(p is not q for q in held)])))]
+    # frozen alone, and all but them: each module's parameters, and each parameter of a module holding several (a
+    # weight frozen while its bias trains: BitFit)
+    groups = [(f"the parameters of `{name}`", f"`{name}`'s", held) for name, held in owners] if len(owners) > 1 else []
+    groups += [(f"`{name}.{key}`", f"`{name}.{key}`", [p]) for name, owner in model.named_modules()
+               if owner in parameter_owners(model) for key, p in owner.named_parameters(recurse=False)
+               if p.requires_grad and len([q for q in owner.parameters(recurse=False) if q.requires_grad]) > 1]
+    states += [state for alone, others, held in groups for state in (
+        (f"with {alone} frozen alone", functools.partial(frozen, held)),
+        (f"with every parameter but {others} frozen", functools.partial(
+            frozen, [p for p in parameters if all(p is not q for q in held)])))]
     floats = any(isinstance(x, torch.Tensor) and x.is_floating_point() for x in inputs)
     return [("with gradients off", functools.partial(mode, False), True),
             ("with gradients on", functools.partial(mode, True), True),

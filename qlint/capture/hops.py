@@ -163,7 +163,8 @@ def inline_custom_ops(module: fx.GraphModule, inputs: Optional[tuple],
     by make_fx on fake tensors of the call's arguments' shapes and dtypes (read from the graph's recorded
     values, or from one run on ``inputs``); returns the ops inlined. A call whose arguments are not
     plain tensors and numbers stays one node, and so does a body that reads its arguments' values (a branch
-    on ``u.nonzero().numel()``): traced on one value, it would stand for the path that value takes."""
+    on ``u.nonzero().numel()``) or branches on their sizes (found by a trace on symbolic sizes): traced on
+    one value or size, it would stand for the path that one takes."""
     calls = [n for n in module.graph.nodes
              if n.op == "call_function" and not known(n.target) and custom_body(n.target) is not None]
     if not calls:
@@ -194,6 +195,8 @@ def inline_custom_ops(module: fx.GraphModule, inputs: Optional[tuple],
             return body_fn(*arguments)
 
         try:
+            if _reads_sizes(make_fx(call, tracing_mode="symbolic")(*[examples[i] for i in tensors])):
+                continue  # traced at one size it would stand for that size's path only
             body = make_fx(call, tracing_mode="fake")(*[examples[i] for i in tensors])
         except Exception:  # noqa: BLE001  (a body make_fx cannot follow: the call stays one node)
             continue
@@ -219,6 +222,16 @@ class _Named:
 
     def __init__(self, target: str) -> None:
         self.target = target
+
+
+def _reads_sizes(body: fx.GraphModule) -> bool:
+    """Whether a body traced on symbolic sizes guarded on them: Python that branches on a size (a short input's
+    path), so one trace stands for some sizes only."""
+    for node in body.graph.nodes:
+        for size in getattr(node.meta.get("val"), "shape", ()):
+            if isinstance(size, torch.SymInt):
+                return bool(size.node.shape_env.guards)
+    return False
 
 
 def _example(node: Any) -> Optional[torch.Tensor]:

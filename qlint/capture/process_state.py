@@ -366,7 +366,7 @@ class ProcessReads:
 
     def _root(self, code: types.CodeType, names: dict[str, Any], name: str, kind: str, line: Optional[int]) -> None:
         """A global the model's own code names, kept with a function that reads it now. A closure cell is read
-        through the function that holds it (graph_check.python_state); code compiled at run time ("<string>")
+        through the function that holds it (call_state.python_state); code compiled at run time ("<string>")
         is torch.compile's, not the model's."""
         if kind == "global" and name in names and not code.co_filename.startswith("<"):
             where = f"{os.path.basename(code.co_filename)}:{line}"
@@ -411,20 +411,28 @@ def _loads(code: types.CodeType) -> tuple[tuple[str, Optional[int], str], ...]:
 @functools.lru_cache(maxsize=4096)
 def _chains(code: types.CodeType) -> tuple[tuple[str, str, tuple[str, ...], Optional[int]], ...]:
     """The attribute chains a code object reads off a global or a closure cell (``sys.platform``,
-    ``torch.version.hip``): (root, its kind, the attributes, the line)."""
+    ``torch.version.hip``, ``getattr(torch.version, "hip", None)``; ``hasattr(os, "name")`` as ``?name``):
+    (root, its kind, the attributes, the line)."""
     chains: list[tuple[str, str, list[str], Optional[int]]] = []
     current: Optional[list[str]] = None
+    getter = asked = None  # getattr / hasattr just loaded: a name given to it after the next chain ends it
     for instruction in dis.get_instructions(code):
         kind = _LOAD_KINDS.get(instruction.opname)
-        if kind in ("global", "cell"):
+        if kind == "global" and instruction.argval in ("getattr", "hasattr"):
+            getter, current = instruction.argval, None
+        elif kind in ("global", "cell"):
             positions = getattr(instruction, "positions", None)
-            current = []
+            current, asked, getter = [], getter, None
             chains.append((instruction.argval, kind, current,
                            positions.lineno if positions is not None else instruction.starts_line))
         elif kind == "attribute" and current is not None:
             current.append(instruction.argval)
+        elif instruction.opname == "LOAD_CONST" and isinstance(instruction.argval, str) and current is not None \
+                and asked is not None:
+            current.append(("?" if asked == "hasattr" else "") + instruction.argval)
+            current = asked = None
         else:
-            current = None
+            current = asked = None
     return tuple((root, kind, tuple(chain), line) for root, kind, chain, line in chains if chain)
 
 
@@ -434,17 +442,25 @@ def _platform_read(value: Any, name: str, chain: tuple[str, ...]) -> Optional[st
     ``sys.flags.optimize``, a logger's level): a fact of the platform or the process, one value in every run
     here. Nothing is read past a callable: what a call answers is its return's (:meth:`ProcessReads._event`)."""
     path = name
-    for attribute in chain:
+    for place, attribute in enumerate(chain, 1):
         if not _outside(value):
             return None
-        try:
-            value = getattr(value, attribute)
-        except Exception:  # noqa: BLE001  (an attribute that fails here is read nowhere)
-            return None
-        path += f".{attribute}"
-        if isinstance(value, (bool, int, str, bytes, type(None))) and not isinstance(value, enum.Enum):
+        if attribute.startswith("?"):
+            value, path = hasattr(value, attribute[1:]), f"hasattr({path}, {attribute[1:]!r})"
+        else:
+            try:
+                value = getattr(value, attribute)
+            except Exception:  # noqa: BLE001  (an attribute that fails here is read nowhere)
+                return None
+            path += f".{attribute}"
+        if _plain_fact(value) or (place == len(chain) and isinstance(value, tuple) and value
+                                  and all(map(_plain_fact, value))):  # a record of them too (sys.version_info)
             return f"`{path}` ({reprlib.repr(value)} here)"
     return None
+
+
+def _plain_fact(value: Any) -> bool:
+    return isinstance(value, (bool, int, str, bytes, type(None))) and not isinstance(value, enum.Enum)
 
 
 def _outside(value: Any) -> bool:

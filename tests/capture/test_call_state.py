@@ -1,4 +1,4 @@
-"""The Python state a forward can keep across calls (qlint.capture.graph_check.python_state): whatever holds a
+"""The Python state a forward can keep across calls (qlint.capture.call_state.python_state): whatever holds a
 count -- a deque, a dict keyed by a shape, a function's default argument, an iterator, a float tensor held as a
 plain attribute -- shows a change; an untouched model compares equal to itself (NaN included)."""
 
@@ -11,11 +11,36 @@ import pytest
 import torch
 from torch import nn
 
-from qlint.capture.graph_check import python_state
+from qlint.capture.call_state import python_state
 
 
 def _default_counter(calls=[0]):  # noqa: B006  (the mutable default is the point)
     calls[0] += 1
+
+
+class _Slotted:
+    __slots__ = ("n",)
+
+    def __init__(self):
+        self.n = 0
+
+
+class _Registry:
+    count = 0
+
+    def bump(self):
+        self.count += 1
+
+
+def _with_attribute():
+    def fn():
+        return None
+    fn.calls = 0
+    return fn
+
+
+def _bump(fn):
+    fn.calls += 1
 
 
 def _holding(**attributes) -> nn.Module:
@@ -33,6 +58,13 @@ MOVES = {  # what a forward holds, and one step of its count
     "set": (lambda: {1}, lambda held: held.add(2)),
     "float tensor attribute": (lambda: torch.zeros(()), lambda held: held.add_(1.0)),
     "float tensor in a list": (lambda: [torch.zeros(3)], lambda held: held[0].mul_(2.0).add_(1.0)),
+    # review r18
+    "__slots__": (_Slotted, lambda held: setattr(held, "n", held.n + 1)),
+    "range iterator": (lambda: iter(range(10)), next),
+    "a function's attribute": (_with_attribute, _bump),
+    "a bound method's object": (lambda: _Registry().bump, lambda held: held()),
+    "a class attribute": (lambda: _Registry, lambda held: setattr(held, "count", held.count + 1)),
+    "a count's next method": (lambda: itertools.count().__next__, lambda held: held()),
 }
 
 

@@ -107,15 +107,18 @@ def test_an_unknown_custom_op_is_named_with_its_own_namespace():
     assert reasons(report) == ["block `Block` is uncertified: unknown op `torch.ops.qlint_test.mystery`"]
 
 
-@pytest.mark.parametrize("branching", [False, True])
-def test_a_custom_op_body_is_inlined_unless_it_reads_its_arguments_values(branching):
-    """Traced on fake tensors (review r17): a body that branches on its argument's values would stand for the
-    path of the one value it was traced on (zeros skip the work), so it stays one unknown op."""
-    name = f"qlint_test::soft_square_{int(branching)}"
+@pytest.mark.parametrize("branching", ["nowhere", "on values", "on sizes"])
+def test_a_custom_op_body_is_inlined_unless_it_reads_its_arguments_values_or_sizes(branching):
+    """Traced on fake tensors (review r17) and checked on symbolic sizes (r18): a body that branches on its
+    argument's values or sizes would stand for the path of the one value or size it was traced on (zeros skip
+    the work, a short input takes another kernel), so it stays one unknown op."""
+    name = f"qlint_test::soft_square_{branching.replace(' ', '_')}"
 
     @torch.library.custom_op(name, mutates_args=())
     def soft_square(u: torch.Tensor) -> torch.Tensor:
-        if branching and u.nonzero().numel() == 0:  # an all-zero batch: nothing to do
+        if branching == "on values" and u.nonzero().numel() == 0:  # an all-zero batch: nothing to do
+            return u.clone()
+        if branching == "on sizes" and u.shape[0] > 64:  # a long batch: another kernel
             return u.clone()
         return u * u
 
@@ -130,7 +133,8 @@ def test_a_custom_op_body_is_inlined_unless_it_reads_its_arguments_values(branch
             return x + self.fc(soft_square(self.fc(x)))
 
     report = run(Block(), (torch.randn(2, 8),), spec="b", options=Options(tracer="export")).report
-    assert verdict(report) == ([("Block", None, "uncertified")] if branching else [("Block", 2.0, "supercritical")])
+    assert verdict(report) == ([("Block", 2.0, "supercritical")] if branching == "nowhere"
+                               else [("Block", None, "uncertified")])
 
 
 # --- every spelling, one entry -------------------------------------------------------------------

@@ -25,7 +25,8 @@ import pytest
 import torch
 
 from conftest import ROOT, load_module
-from qlint.capture.graph_check import GraphMismatch, compare_with_eager, python_state
+from qlint.capture.call_state import python_state
+from qlint.capture.graph_check import GraphMismatch, compare_with_eager
 
 SPEC = "fixtures/dataflow.py"
 dataflow = load_module(ROOT / "fixtures" / "dataflow.py", "dataflow_fixtures")
