@@ -248,7 +248,7 @@ def _backward(model: torch.nn.Module, inputs: tuple) -> None:
     held = [p.grad for p in trained]
     try:
         with torch.enable_grad():
-            outputs = [t for t in tree_leaves(model(*inputs)) if isinstance(t, torch.Tensor) and t.requires_grad]
+            outputs = [t for t in tree_leaves(_eager(model, inputs)) if isinstance(t, torch.Tensor) and t.requires_grad]
             if outputs:
                 sum(t.real.float().sum() for t in outputs).backward()
     except Exception:  # noqa: BLE001  (a model without a backward: training cannot move anything there)
