@@ -39,8 +39,9 @@ def grad_histories(model: torch.nn.Module, inputs: tuple) -> list[tuple[str, His
     tuned), after a backward (gradients held), with gradient hooks on every parameter
     (data-parallel training, an optimizer in the backward)."""
     parameters = [p for p in model.parameters() if p.requires_grad]
+    holders = parameter_owners(model)
     owners = [(name or type(owner).__name__, [p for p in owner.parameters(recurse=False) if p.requires_grad])
-              for name, owner in model.named_modules() if owner in parameter_owners(model)]
+              for name, owner in model.named_modules() if owner in holders]
 
     @contextlib.contextmanager
     def mode(grad: bool, given: tuple) -> Iterator[tuple]:
@@ -96,7 +97,7 @@ def grad_histories(model: torch.nn.Module, inputs: tuple) -> list[tuple[str, His
     # weight frozen while its bias trains: BitFit)
     groups = [(f"the parameters of `{name}`", f"`{name}`'s", held) for name, held in owners] if len(owners) > 1 else []
     groups += [(f"`{name}.{key}`", f"`{name}.{key}`", [p]) for name, owner in model.named_modules()
-               if owner in parameter_owners(model) for key, p in owner.named_parameters(recurse=False)
+               if owner in holders for key, p in owner.named_parameters(recurse=False)
                if p.requires_grad and len([q for q in owner.parameters(recurse=False) if q.requires_grad]) > 1]
     states += [state for alone, others, held in groups for state in (
         (f"with {alone} frozen alone", functools.partial(frozen, held)),
